@@ -1,0 +1,75 @@
+// comm: one rank's handle on a process group (DESIGN §3). Every collective is blocking,
+// has a deadline (DEEPINFER_COMM_TIMEOUT_S) and throws CommTimeout naming op, rank, size
+// and bytes when it expires. Buffers are laid out contiguously in rank order.
+#pragma once
+
+#include <deepinfer/dtype.h>
+#include <deepinfer/error.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace deepinfer {
+
+enum class ReduceOp : uint8_t { sum, max, min };
+
+// Which lowerings of all_to_all a backend trusts. EPBuffer's `auto` algorithm and the a2a
+// lowering choice read these; a user overrides them with DEEPINFER_CAPABILITIES=FILE
+// (written by `deepinfer check collectives --save-capabilities FILE`).
+struct Capabilities {
+  bool all_to_all = true;    // even splits
+  bool all_to_all_v = true;  // uneven splits
+  // reduce_scatter adds in ascending rank order (bit-reproducible `fast` combine).
+  bool ordered_reduce = true;
+};
+
+class Group {
+ public:
+  virtual ~Group() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "local", "mpi", "faulty(<fault>)/<inner>"
+  virtual Capabilities capabilities() const = 0;
+
+  // Non-reducing ops move bytes; `dtype` only says how many bytes an element has (and lets
+  // fault injection model type-dependent bugs). recv holds size() blocks of `count` elements.
+  virtual void all_gather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // recv_counts[r] elements from rank r, packed back to back in rank order.
+  virtual void all_gather_v(const void* send, size_t send_count, void* recv,
+                            std::span<const size_t> recv_counts, DType dtype) = 0;
+  // In place. dtype in {f32, f64, i32, i64}.
+  virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  // send: size() blocks of `count` f32; recv[i] = sum over ranks of their block rank(),
+  // added in ascending rank order where capabilities().ordered_reduce.
+  virtual void reduce_scatter(const float* send, float* recv, size_t count) = 0;
+  // Equal splits: block r of send goes to rank r; block r of recv came from rank r.
+  virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // send_counts[r] elements to rank r, recv_counts[r] from rank r, packed in rank order.
+  virtual void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                            std::span<const size_t> recv_counts, DType dtype) = 0;
+  virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+enum class CommKind : uint8_t { local, mpi };
+
+struct LaunchOptions {
+  CommKind comm = CommKind::local;
+  int world = 1;           // local: number of rank threads; mpi: checked against the launcher
+  std::string fault;       // empty, or a fault name for the `faulty` wrapper
+  double timeout_s = 0;    // 0 = DEEPINFER_COMM_TIMEOUT_S
+};
+
+// Runs fn(group) on every rank: `world` threads for local, this process for mpi (MPI is
+// initialised and finalised here). If any rank throws, the first error is rethrown after
+// every rank has returned or timed out — nothing is left hanging.
+void run_ranks(const LaunchOptions& opts, const std::function<void(Group&)>& fn);
+
+// Names the faults `faulty` can inject, with one line of description each.
+std::span<const std::pair<std::string_view, std::string_view>> fault_names();
+
+}  // namespace deepinfer

@@ -1,0 +1,121 @@
+// A small Tensor: dtype, shape, strides (in elements), owning or borrowed storage.
+// Enough for the engine's plumbing; kernels take raw pointers + params structs.
+#pragma once
+
+#include <deepinfer/dtype.h>
+#include <deepinfer/error.h>
+
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace deepinfer {
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // Owning, contiguous, 64-byte aligned. Contents are uninitialised.
+  static Tensor empty(DType dtype, std::vector<int64_t> shape) {
+    Tensor t;
+    t.dtype_ = dtype;
+    t.shape_ = std::move(shape);
+    t.strides_ = contiguous_strides(t.shape_);
+    const size_t bytes = std::max<size_t>(t.numel() * dtype_size(dtype), 1);
+    const size_t padded = (bytes + 63) / 64 * 64;
+    std::shared_ptr<std::byte> storage(static_cast<std::byte*>(std::aligned_alloc(64, padded)),
+                                       [](std::byte* p) { std::free(p); });
+    DI_CHECK(storage, "out of memory allocating {} bytes", padded);
+    t.data_ = storage.get();
+    t.storage_ = std::move(storage);
+    return t;
+  }
+  static Tensor zeros(DType dtype, std::vector<int64_t> shape) {
+    Tensor t = empty(dtype, std::move(shape));
+    std::memset(t.data_, 0, t.nbytes());
+    return t;
+  }
+  // Non-owning view of caller memory (the caller keeps it alive). Empty strides = contiguous.
+  static Tensor borrow(void* data, DType dtype, std::vector<int64_t> shape,
+                       std::vector<int64_t> strides = {}) {
+    Tensor t;
+    t.dtype_ = dtype;
+    t.data_ = data;
+    t.strides_ = strides.empty() ? contiguous_strides(shape) : std::move(strides);
+    t.shape_ = std::move(shape);
+    DI_CHECK(t.strides_.size() == t.shape_.size(), "strides rank {} != shape rank {}",
+             t.strides_.size(), t.shape_.size());
+    return t;
+  }
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<int64_t>& strides() const { return strides_; }
+  int ndim() const { return int(shape_.size()); }
+  int64_t dim(int i) const {
+    if (i < 0) i += ndim();
+    DI_CHECK(i >= 0 && i < ndim(), "dim {} out of range for a {}-d tensor", i, ndim());
+    return shape_[size_t(i)];
+  }
+  int64_t numel() const {
+    return std::accumulate(shape_.begin(), shape_.end(), int64_t(1), std::multiplies<>());
+  }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  bool defined() const { return data_ != nullptr; }
+  bool owning() const { return storage_ != nullptr; }
+  bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+  void* raw() const { return data_; }
+  template <class T>
+  T* data() const {
+    return static_cast<T*>(data_);
+  }
+
+  // Same storage, new contiguous shape (numel must match).
+  Tensor view(std::vector<int64_t> shape) const {
+    DI_CHECK(is_contiguous(), "view() needs a contiguous tensor");
+    Tensor t = *this;
+    t.strides_ = contiguous_strides(shape);
+    t.shape_ = std::move(shape);
+    DI_CHECK(t.numel() == numel(), "view of {} elements as {} elements", numel(), t.numel());
+    return t;
+  }
+  // Rows [begin, end) of dim 0, sharing storage.
+  Tensor rows(int64_t begin, int64_t end) const {
+    DI_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0],
+             "rows [{}, {}) out of range for dim0 = {}", begin, end, ndim() ? shape_[0] : 0);
+    Tensor t = *this;
+    t.shape_[0] = end - begin;
+    t.data_ = static_cast<std::byte*>(data_) + begin * strides_[0] * int64_t(dtype_size(dtype_));
+    return t;
+  }
+  Tensor clone() const {
+    DI_CHECK(is_contiguous(), "clone() needs a contiguous tensor");
+    Tensor t = empty(dtype_, shape_);
+    if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+    return t;
+  }
+
+  std::string describe() const {
+    std::string s = std::string(dtype_name(dtype_)) + "[";
+    for (size_t i = 0; i < shape_.size(); ++i) s += (i ? ", " : "") + std::to_string(shape_[i]);
+    return s + "]";
+  }
+
+  static std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+    std::vector<int64_t> s(shape.size(), 1);
+    for (int i = int(shape.size()) - 2; i >= 0; --i) s[size_t(i)] = s[size_t(i) + 1] * shape[size_t(i) + 1];
+    return s;
+  }
+
+ private:
+  DType dtype_ = DType::f32;
+  std::vector<int64_t> shape_;
+  std::vector<int64_t> strides_;
+  void* data_ = nullptr;
+  std::shared_ptr<std::byte> storage_;
+};
+
+}  // namespace deepinfer

@@ -1,0 +1,229 @@
+// Environment knobs (DESIGN §8): every DEEPINFER_* variable is parsed and validated here.
+#include "core/env.h"
+
+#include <deepinfer/error.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+
+extern char** environ;
+
+namespace deepinfer {
+namespace {
+
+// The single table of knobs: the parser, the unknown-name check and the docs all read it.
+constexpr std::array<KnobDoc, 12> kKnobDocs{{
+    {"DEEPINFER_COMM", "local, mpi", "local",
+     "collective backend: `local` = one thread per rank, `mpi` = one process per rank (mpirun)"},
+    {"DEEPINFER_COMM_TIMEOUT_S", "number > 0", "60",
+     "deadline in seconds for every collective; a missed deadline is a CommTimeout"},
+    {"DEEPINFER_EP_ALGO", "ag, a2a, auto", "auto",
+     "expert-parallel dispatch: all-gather, all-to-all, or chosen from the backend's capabilities"},
+    {"DEEPINFER_EP_AG_ROWS", "max, cap", "max",
+     "all-gather dispatch row count: the max over ranks, or a fixed capacity"},
+    {"DEEPINFER_EP_REDUCE", "rs, ar", "rs", "all-gather combine: reduce-scatter or all-reduce"},
+    {"DEEPINFER_EP_CHUNK_BYTES", "integer >= 4096, suffix K/M/G allowed", "64M",
+     "largest single collective message EP issues; bigger transfers are split"},
+    {"DEEPINFER_EP_COMBINE", "exact, fast", "exact",
+     "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
+    {"DEEPINFER_KERNELS", "host, cpu", "cpu",
+     "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
+    {"DEEPINFER_THREADS", "integer >= 0", "0",
+     "kernel thread-pool size; 0 = all hardware threads"},
+    {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",
+     "inject a named fault, for testing error paths"},
+    {"DEEPINFER_CAPABILITIES", "file path", "(none)",
+     "collective capabilities file written by `deepinfer check collectives --save-capabilities`"},
+    {"DEEPINFER_LOG", "debug, info, warn, error", "info", "lowest log level printed"},
+}};
+
+constexpr std::string_view kPrefix = "DEEPINFER_";
+
+std::string allowed_of(std::string_view name) {
+  for (const KnobDoc& d : kKnobDocs)
+    if (name == d.name) return d.allowed;
+  return "?";
+}
+
+[[noreturn]] void invalid(std::string_view name, std::string_view value, std::string_view why = {}) {
+  DI_FAIL("{}='{}' is not valid{}; allowed values: {}", name, value,
+          why.empty() ? std::string() : fmt::format(" ({})", why), allowed_of(name));
+}
+
+template <class E, size_t N>
+E parse_enum(std::string_view name, const std::string& value,
+             const std::array<std::pair<std::string_view, E>, N>& table) {
+  for (const auto& [word, e] : table)
+    if (value == word) return e;
+  invalid(name, value);
+}
+
+// Integer with an optional binary suffix K, M or G (case-insensitive), e.g. "64M".
+uint64_t parse_size(std::string_view name, const std::string& value) {
+  size_t i = 0;
+  while (i < value.size() && value[i] >= '0' && value[i] <= '9') ++i;
+  if (i == 0 || i > 19) invalid(name, value);
+  errno = 0;
+  const unsigned long long base = std::strtoull(value.substr(0, i).c_str(), nullptr, 10);
+  if (errno == ERANGE) invalid(name, value, "too large");
+  int shift = 0;
+  if (i < value.size()) {
+    if (i + 1 != value.size()) invalid(name, value);
+    switch (value[i]) {
+      case 'k': case 'K': shift = 10; break;
+      case 'm': case 'M': shift = 20; break;
+      case 'g': case 'G': shift = 30; break;
+      default: invalid(name, value);
+    }
+  }
+  if (shift && base > (~0ull >> shift)) invalid(name, value, "too large");
+  return uint64_t(base) << shift;
+}
+
+double parse_positive(std::string_view name, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(value.c_str(), &end);
+  if (end == value.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || !(v > 0))
+    invalid(name, value);
+  return v;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::mutex g_mutex;
+std::once_flag g_once;
+Knobs g_knobs;
+
+}  // namespace
+
+Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& getenv) {
+  Knobs k;
+  // An empty value means "unset" (e.g. `DEEPINFER_FAULT= cmd`).
+  auto get = [&](const char* name) -> std::optional<std::string> {
+    std::optional<std::string> v = getenv(name);
+    if (v && v->empty()) return std::nullopt;
+    return v;
+  };
+  if (auto v = get("DEEPINFER_COMM"))
+    k.comm = parse_enum<CommKind, 2>("DEEPINFER_COMM", *v,
+                                     {{{"local", CommKind::local}, {"mpi", CommKind::mpi}}});
+  if (auto v = get("DEEPINFER_COMM_TIMEOUT_S"))
+    k.comm_timeout_s = parse_positive("DEEPINFER_COMM_TIMEOUT_S", *v);
+  if (auto v = get("DEEPINFER_EP_ALGO"))
+    k.ep_algo = parse_enum<EpAlgo, 3>(
+        "DEEPINFER_EP_ALGO", *v,
+        {{{"ag", EpAlgo::ag}, {"a2a", EpAlgo::a2a}, {"auto", EpAlgo::automatic}}});
+  if (auto v = get("DEEPINFER_EP_AG_ROWS"))
+    k.ep_ag_rows = parse_enum<AgRows, 2>("DEEPINFER_EP_AG_ROWS", *v,
+                                         {{{"max", AgRows::max}, {"cap", AgRows::cap}}});
+  if (auto v = get("DEEPINFER_EP_REDUCE"))
+    k.ep_reduce = parse_enum<EpReduce, 2>("DEEPINFER_EP_REDUCE", *v,
+                                          {{{"rs", EpReduce::rs}, {"ar", EpReduce::ar}}});
+  if (auto v = get("DEEPINFER_EP_CHUNK_BYTES")) {
+    const uint64_t b = parse_size("DEEPINFER_EP_CHUNK_BYTES", *v);
+    if (b < 4096) invalid("DEEPINFER_EP_CHUNK_BYTES", *v, "below the minimum 4096");
+    k.ep_chunk_bytes = size_t(b);
+  }
+  if (auto v = get("DEEPINFER_EP_COMBINE"))
+    k.ep_combine = parse_enum<CombineMode, 2>(
+        "DEEPINFER_EP_COMBINE", *v, {{{"exact", CombineMode::exact}, {"fast", CombineMode::fast}}});
+  if (auto v = get("DEEPINFER_KERNELS"))
+    k.kernels = parse_enum<KernelBackend, 2>(
+        "DEEPINFER_KERNELS", *v, {{{"host", KernelBackend::host}, {"cpu", KernelBackend::cpu}}});
+  if (auto v = get("DEEPINFER_THREADS")) {
+    if (v->find_first_not_of("0123456789") != std::string::npos) invalid("DEEPINFER_THREADS", *v);
+    const uint64_t t = parse_size("DEEPINFER_THREADS", *v);
+    if (t > 4096) invalid("DEEPINFER_THREADS", *v, "more than 4096 threads");
+    k.threads = int(t);
+  }
+  if (auto v = get("DEEPINFER_FAULT")) k.fault = *v;
+  if (auto v = get("DEEPINFER_CAPABILITIES")) k.capabilities_file = *v;
+  if (auto v = get("DEEPINFER_LOG")) {
+    if (*v != "debug" && *v != "info" && *v != "warn" && *v != "error") invalid("DEEPINFER_LOG", *v);
+    k.log_level = *v;
+  }
+  return k;
+}
+
+void check_unknown_knobs(std::span<const std::string> names) {
+  for (const std::string& name : names) {
+    if (!name.starts_with(kPrefix)) continue;
+    const KnobDoc* best = nullptr;
+    size_t best_dist = ~size_t(0);
+    for (const KnobDoc& d : kKnobDocs) {
+      if (name == d.name) {
+        best = nullptr;
+        best_dist = 0;
+        break;
+      }
+      const size_t dist = edit_distance(name, d.name);
+      if (dist < best_dist) best = &d, best_dist = dist;
+    }
+    if (best_dist == 0) continue;
+    std::string known;
+    for (const KnobDoc& d : kKnobDocs) known += (known.empty() ? "" : ", ") + std::string(d.name);
+    DI_FAIL("unknown environment variable {}{}; unset it or use one of the known knobs: {}", name,
+            best && best_dist <= 3 ? fmt::format(" (did you mean {}?)", best->name) : "", known);
+  }
+}
+
+const Knobs& knobs() {
+  std::call_once(g_once, [] {
+    std::vector<std::string> names;
+    for (char** e = environ; e && *e; ++e) {
+      const std::string_view entry(*e);
+      names.emplace_back(entry.substr(0, entry.find('=')));
+    }
+    check_unknown_knobs(names);
+    Knobs k = parse_knobs([](const char* name) -> std::optional<std::string> {
+      const char* v = std::getenv(name);
+      return v ? std::optional<std::string>(v) : std::nullopt;
+    });
+    std::lock_guard lock(g_mutex);
+    g_knobs = std::move(k);
+  });
+  return g_knobs;
+}
+
+void set_knobs(const Knobs& k) {
+  // Mark the environment as parsed so a later knobs() does not overwrite these values.
+  std::call_once(g_once, [] {});
+  std::lock_guard lock(g_mutex);
+  g_knobs = k;
+}
+
+std::span<const KnobDoc> knob_docs() { return kKnobDocs; }
+
+std::string_view to_string(EpAlgo v) {
+  switch (v) {
+    case EpAlgo::ag: return "ag";
+    case EpAlgo::a2a: return "a2a";
+    case EpAlgo::automatic: return "auto";
+  }
+  return "?";
+}
+std::string_view to_string(CombineMode v) { return v == CombineMode::exact ? "exact" : "fast"; }
+std::string_view to_string(KernelBackend v) { return v == KernelBackend::host ? "host" : "cpu"; }
+std::string_view to_string(CommKind v) { return v == CommKind::local ? "local" : "mpi"; }
+std::string_view to_string(AgRows v) { return v == AgRows::max ? "max" : "cap"; }
+std::string_view to_string(EpReduce v) { return v == EpReduce::rs ? "rs" : "ar"; }
+
+}  // namespace deepinfer

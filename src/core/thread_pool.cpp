@@ -1,0 +1,145 @@
+// Fixed thread pool. One parallel_for runs at a time per pool (callers from other threads
+// wait their turn); a parallel_for issued from inside a running one executes inline.
+#include "core/thread_pool.h"
+
+#include "core/env.h"
+
+#include <deepinfer/error.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace deepinfer {
+namespace {
+// Set while this thread executes a parallel_for body (as caller or worker): nested calls
+// run inline instead of waiting for a pool that is busy with their parent.
+thread_local int t_depth = 0;
+// Chunks per thread: a little oversubscription evens out uneven chunk costs.
+constexpr int64_t kChunksPerThread = 4;
+
+struct DepthGuard {
+  DepthGuard() { ++t_depth; }
+  ~DepthGuard() { --t_depth; }
+};
+}  // namespace
+
+struct ThreadPool::Impl {
+  int num_threads = 1;
+  std::vector<std::thread> workers;
+
+  std::mutex call_mutex;  // serialises parallel_for calls from different threads
+
+  std::mutex mutex;  // guards the job fields below
+  std::condition_variable work_cv;
+  std::condition_variable done_cv;
+  uint64_t generation = 0;
+  bool stop = false;
+  int active = 0;  // workers still inside the current job
+
+  const std::function<void(int64_t, int64_t)>* fn = nullptr;
+  int64_t n = 0;
+  int64_t chunks = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;  // first exception, guarded by `mutex`
+
+  void run_chunks() {
+    DepthGuard depth;
+    for (;;) {
+      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks || failed.load(std::memory_order_relaxed)) return;
+      const int64_t begin = c * n / chunks, end = (c + 1) * n / chunks;
+      try {
+        (*fn)(begin, end);
+      } catch (...) {
+        std::lock_guard lock(mutex);
+        if (!error) error = std::current_exception();
+        failed.store(true, std::memory_order_relaxed);
+      }
+    }
+  }
+
+  void worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mutex);
+        work_cv.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+      }
+      run_chunks();
+      std::lock_guard lock(mutex);
+      if (--active == 0) done_cv.notify_one();
+    }
+  }
+};
+
+ThreadPool::ThreadPool(int num_threads) : impl_(new Impl) {
+  DI_CHECK(num_threads >= 0, "ThreadPool needs num_threads >= 0 (0 = hardware threads), got {}",
+           num_threads);
+  if (num_threads == 0) num_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  impl_->num_threads = num_threads;
+  impl_->workers.reserve(size_t(num_threads - 1));
+  for (int i = 0; i + 1 < num_threads; ++i) impl_->workers.emplace_back([this] { impl_->worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stop = true;
+  }
+  impl_->work_cv.notify_all();
+  for (std::thread& t : impl_->workers) t.join();
+  delete impl_;
+}
+
+int ThreadPool::num_threads() const { return impl_->num_threads; }
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t chunks = std::min<int64_t>(n / grain, int64_t(impl_->num_threads) * kChunksPerThread);
+  if (chunks <= 1 || impl_->workers.empty() || t_depth > 0) {
+    DepthGuard depth;
+    fn(0, n);
+    return;
+  }
+  Impl& p = *impl_;
+  std::lock_guard call_lock(p.call_mutex);
+  {
+    std::lock_guard lock(p.mutex);
+    p.fn = &fn;
+    p.n = n;
+    p.chunks = chunks;
+    p.next.store(0, std::memory_order_relaxed);
+    p.failed.store(false, std::memory_order_relaxed);
+    p.error = nullptr;
+    p.active = int(p.workers.size());
+    ++p.generation;
+  }
+  p.work_cv.notify_all();
+  p.run_chunks();
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(p.mutex);
+    p.done_cv.wait(lock, [&] { return p.active == 0; });
+    error = p.error;
+    p.error = nullptr;
+    p.fn = nullptr;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+ThreadPool& global_pool() {
+  static ThreadPool pool(knobs().threads);
+  return pool;
+}
+
+}  // namespace deepinfer

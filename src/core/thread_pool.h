@@ -1,0 +1,30 @@
+// A fixed thread pool for kernels: parallel_for splits [0, n) into contiguous ranges.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace deepinfer {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);  // 0 = hardware threads
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const;
+  // Calls fn(begin, end) on disjoint ranges covering [0, n), at least `grain` items each,
+  // and returns when all are done. The calling thread takes part. Exceptions propagate.
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+// The process-wide pool sized by DEEPINFER_THREADS. Ranks that are threads of one process
+// share it (work from different ranks is serialised per call, never deadlocked).
+ThreadPool& global_pool();
+
+}  // namespace deepinfer
