@@ -5,7 +5,10 @@
 #include <deepinfer/dtype.h>
 #include <deepinfer/error.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -19,6 +22,7 @@ class Tensor {
 
   // Owning, contiguous, 64-byte aligned. Contents are uninitialised.
   static Tensor empty(DType dtype, std::vector<int64_t> shape) {
+    check_shape(shape);
     Tensor t;
     t.dtype_ = dtype;
     t.shape_ = std::move(shape);
@@ -40,6 +44,7 @@ class Tensor {
   // Non-owning view of caller memory (the caller keeps it alive). Empty strides = contiguous.
   static Tensor borrow(void* data, DType dtype, std::vector<int64_t> shape,
                        std::vector<int64_t> strides = {}) {
+    check_shape(shape);
     Tensor t;
     t.dtype_ = dtype;
     t.data_ = data;
@@ -55,9 +60,9 @@ class Tensor {
   const std::vector<int64_t>& strides() const { return strides_; }
   int ndim() const { return int(shape_.size()); }
   int64_t dim(int i) const {
-    if (i < 0) i += ndim();
-    DI_CHECK(i >= 0 && i < ndim(), "dim {} out of range for a {}-d tensor", i, ndim());
-    return shape_[size_t(i)];
+    const int j = i < 0 ? i + ndim() : i;
+    DI_CHECK(j >= 0 && j < ndim(), "dim {} out of range for a {}-d tensor", i, ndim());
+    return shape_[size_t(j)];
   }
   int64_t numel() const {
     return std::accumulate(shape_.begin(), shape_.end(), int64_t(1), std::multiplies<>());
@@ -76,6 +81,7 @@ class Tensor {
   // Same storage, new contiguous shape (numel must match).
   Tensor view(std::vector<int64_t> shape) const {
     DI_CHECK(is_contiguous(), "view() needs a contiguous tensor");
+    check_shape(shape);
     Tensor t = *this;
     t.strides_ = contiguous_strides(shape);
     t.shape_ = std::move(shape);
@@ -91,7 +97,9 @@ class Tensor {
     t.data_ = static_cast<std::byte*>(data_) + begin * strides_[0] * int64_t(dtype_size(dtype_));
     return t;
   }
+  // Deep copy into new owning storage; an undefined tensor clones to an undefined one.
   Tensor clone() const {
+    if (!defined()) return Tensor();
     DI_CHECK(is_contiguous(), "clone() needs a contiguous tensor");
     Tensor t = empty(dtype_, shape_);
     if (nbytes()) std::memcpy(t.data_, data_, nbytes());
@@ -106,11 +114,18 @@ class Tensor {
 
   static std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
     std::vector<int64_t> s(shape.size(), 1);
-    for (int i = int(shape.size()) - 2; i >= 0; --i) s[size_t(i)] = s[size_t(i) + 1] * shape[size_t(i) + 1];
+    for (int i = int(shape.size()) - 2; i >= 0; --i)
+      s[size_t(i)] = s[size_t(i) + 1] * shape[size_t(i) + 1];
     return s;
   }
 
  private:
+  static void check_shape(const std::vector<int64_t>& shape) {
+    for (size_t i = 0; i < shape.size(); ++i)
+      DI_CHECK(shape[i] >= 0, "negative size {} for dimension {} of a {}-d shape", shape[i], i,
+               shape.size());
+  }
+
   DType dtype_ = DType::f32;
   std::vector<int64_t> shape_;
   std::vector<int64_t> strides_;

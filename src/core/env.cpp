@@ -32,8 +32,7 @@ constexpr std::array<KnobDoc, 12> kKnobDocs{{
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
-    {"DEEPINFER_THREADS", "integer >= 0", "0",
-     "kernel thread-pool size; 0 = all hardware threads"},
+    {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel thread-pool size; 0 = all hardware threads"},
     {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",
      "inject a named fault, for testing error paths"},
     {"DEEPINFER_CAPABILITIES", "file path", "(none)",
@@ -49,7 +48,8 @@ std::string allowed_of(std::string_view name) {
   return "?";
 }
 
-[[noreturn]] void invalid(std::string_view name, std::string_view value, std::string_view why = {}) {
+[[noreturn]] void invalid(std::string_view name, std::string_view value,
+                          std::string_view why = {}) {
   DI_FAIL("{}='{}' is not valid{}; allowed values: {}", name, value,
           why.empty() ? std::string() : fmt::format(" ({})", why), allowed_of(name));
 }
@@ -74,10 +74,20 @@ uint64_t parse_size(std::string_view name, const std::string& value) {
   if (i < value.size()) {
     if (i + 1 != value.size()) invalid(name, value);
     switch (value[i]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      default: invalid(name, value);
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        invalid(name, value);
     }
   }
   if (shift && base > (~0ull >> shift)) invalid(name, value, "too large");
@@ -157,7 +167,8 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
   if (auto v = get("DEEPINFER_FAULT")) k.fault = *v;
   if (auto v = get("DEEPINFER_CAPABILITIES")) k.capabilities_file = *v;
   if (auto v = get("DEEPINFER_LOG")) {
-    if (*v != "debug" && *v != "info" && *v != "warn" && *v != "error") invalid("DEEPINFER_LOG", *v);
+    if (*v != "debug" && *v != "info" && *v != "warn" && *v != "error")
+      invalid("DEEPINFER_LOG", *v);
     k.log_level = *v;
   }
   return k;
@@ -214,9 +225,12 @@ std::span<const KnobDoc> knob_docs() { return kKnobDocs; }
 
 std::string_view to_string(EpAlgo v) {
   switch (v) {
-    case EpAlgo::ag: return "ag";
-    case EpAlgo::a2a: return "a2a";
-    case EpAlgo::automatic: return "auto";
+    case EpAlgo::ag:
+      return "ag";
+    case EpAlgo::a2a:
+      return "a2a";
+    case EpAlgo::automatic:
+      return "auto";
   }
   return "?";
 }

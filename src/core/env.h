@@ -47,7 +47,8 @@ void check_unknown_knobs(std::span<const std::string> names);
 // The process-wide knobs, parsed from the real environment on first use (thread-safe);
 // also rejects unknown DEEPINFER_* variables.
 const Knobs& knobs();
-// Replaces the process-wide knobs (CLI flags override the environment).
+// Replaces the process-wide knobs (CLI flags override the environment). Call it at startup,
+// before rank or pool threads read knobs(): readers hold a reference to the same object.
 void set_knobs(const Knobs& k);
 
 // One row per knob for the README/`deepinfer --help-env`: name, allowed values, default, meaning.

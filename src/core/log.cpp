@@ -1,11 +1,12 @@
-// Rank-prefixed logging to stderr; one fwrite per message so lines from rank threads never interleave.
+// Rank-prefixed logging to stderr; one fwrite per message so lines from rank threads never
+// interleave.
 #include "core/log.h"
-
-#include "core/env.h"
 
 #include <cstdio>
 #include <mutex>
 #include <string>
+
+#include "core/env.h"
 
 namespace deepinfer {
 namespace {
@@ -23,10 +24,14 @@ LogLevel parse_level(const std::string& s) {
 
 std::string_view level_tag(LogLevel level) {
   switch (level) {
-    case LogLevel::debug: return "debug: ";
-    case LogLevel::info: return "";
-    case LogLevel::warn: return "warning: ";
-    case LogLevel::error: return "error: ";
+    case LogLevel::debug:
+      return "debug: ";
+    case LogLevel::info:
+      return "";
+    case LogLevel::warn:
+      return "warning: ";
+    case LogLevel::error:
+      return "error: ";
   }
   return "";
 }

@@ -2,8 +2,6 @@
 // wait their turn); a parallel_for issued from inside a running one executes inline.
 #include "core/thread_pool.h"
 
-#include "core/env.h"
-
 #include <deepinfer/error.h>
 
 #include <algorithm>
@@ -11,8 +9,11 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "core/env.h"
 
 namespace deepinfer {
 namespace {
@@ -80,16 +81,31 @@ struct ThreadPool::Impl {
   }
 };
 
-ThreadPool::ThreadPool(int num_threads) : impl_(new Impl) {
+namespace {
+int resolve_num_threads(int num_threads) {
   DI_CHECK(num_threads >= 0, "ThreadPool needs num_threads >= 0 (0 = hardware threads), got {}",
            num_threads);
-  if (num_threads == 0) num_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  return num_threads ? num_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+}
+}  // namespace
+
+// Validate before allocating so a bad size throws without leaking.
+ThreadPool::ThreadPool(int num_threads) : impl_(nullptr) {
+  num_threads = resolve_num_threads(num_threads);
+  impl_ = new Impl;
   impl_->num_threads = num_threads;
   impl_->workers.reserve(size_t(num_threads - 1));
-  for (int i = 0; i + 1 < num_threads; ++i) impl_->workers.emplace_back([this] { impl_->worker_loop(); });
+  try {
+    for (int i = 0; i + 1 < num_threads; ++i)
+      impl_->workers.emplace_back([this] { impl_->worker_loop(); });
+  } catch (const std::system_error& e) {
+    shutdown();
+    throw Error(fmt::format("could not start {} thread-pool threads ({}); lower DEEPINFER_THREADS",
+                            num_threads, e.what()));
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::shutdown() {
   {
     std::lock_guard lock(impl_->mutex);
     impl_->stop = true;
@@ -97,7 +113,10 @@ ThreadPool::~ThreadPool() {
   impl_->work_cv.notify_all();
   for (std::thread& t : impl_->workers) t.join();
   delete impl_;
+  impl_ = nullptr;
 }
+
+ThreadPool::~ThreadPool() { shutdown(); }
 
 int ThreadPool::num_threads() const { return impl_->num_threads; }
 
@@ -105,7 +124,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t chunks = std::min<int64_t>(n / grain, int64_t(impl_->num_threads) * kChunksPerThread);
+  const int64_t chunks =
+      std::min<int64_t>(n / grain, int64_t(impl_->num_threads) * kChunksPerThread);
   if (chunks <= 1 || impl_->workers.empty() || t_depth > 0) {
     DepthGuard depth;
     fn(0, n);

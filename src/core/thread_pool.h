@@ -19,6 +19,7 @@ class ThreadPool {
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
+  void shutdown();  // stops and joins the workers, frees impl_
   struct Impl;
   Impl* impl_;
 };

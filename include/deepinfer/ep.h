@@ -1,0 +1,149 @@
+// ep: EPBuffer, MoE dispatch/combine over any Group (DESIGN §4). Mirrors DeepEP's EPBuffer
+// semantics (deterministic mode) on plain collectives, with an all_to_all-free algorithm (ag)
+// and an all_to_all one (a2a) that produce identical results.
+//
+// Conventions: W ranks, E experts, L = E / W local experts; expert e lives on rank e / L with
+// local id e - rank·L. topk_idx is int64 [T, K], -1 = masked. gid = src_rank·M + src_token.
+//
+// Choices where DeepEP leaves room (documented here, tested by `deepinfer check ep`):
+// - recv_topk_weights carries all K source weights unchanged (DeepEP V2), masked and non-local
+//   slots included; recv_topk_idx is the local expert id or -1.
+// - combine weights the expert outputs by the routing weights. Non-expand: y[i] is row i's
+//   output and is used for every local slot of the row (Σ_local w_k·y[i]); per-expert outputs
+//   need the expand layout, where y[s] is expanded row s's output.
+// - Combined weights: the weight of each unmasked slot as returned by its expert's rank, 0 for
+//   masked slots; -0 is returned as +0 (the canonicalisation that makes exact combine exact).
+#pragma once
+
+#include <deepinfer/comm.h>
+#include <deepinfer/tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+// The knob enums (EpAlgo, AgRows, EpReduce, CombineMode) and knobs() for the defaults.
+#include "core/env.h"
+
+namespace deepinfer {
+
+enum class DispatchDType : uint8_t { bf16, fp8 };  // fp8 = e4m3 + fp32 scales [T, ceil(H/128)]
+
+constexpr int kEpScaleBlock = 128;  // channels per fp8 activation scale (1×128)
+constexpr int kEpMaxTopk = 32;      // DeepEP's limit on K
+constexpr int kEpMaxLocalExperts = 1024;
+
+// EPBuffer configuration. Each algorithm/combine field defaults to its DEEPINFER_* knob; all can
+// be set explicitly. validate() names the bad field.
+struct EPConfig {
+  int num_experts = 0;              // E, E % W == 0
+  int hidden = 0;                   // H
+  int num_topk = 0;                 // K, 1..32, K <= E
+  int num_max_tokens_per_rank = 0;  // M, identical on all ranks (checked at construction)
+  DispatchDType dispatch_dtype = DispatchDType::bf16;
+  int expert_alignment = 1;  // per-expert segment alignment (counts and expand layout)
+  bool expand = false;       // one received row per (token, local expert), grouped-GEMM layout
+  EpAlgo algo = knobs().ep_algo;
+  CombineMode combine = knobs().ep_combine;
+  AgRows ag_rows = knobs().ep_ag_rows;
+  EpReduce reduce = knobs().ep_reduce;
+  size_t chunk_bytes = knobs().ep_chunk_bytes;  // largest temporary per collective (ag combine)
+
+  int scale_cols() const { return dispatch_dtype == DispatchDType::fp8 ? (hidden + kEpScaleBlock - 1) / kEpScaleBlock : 0; }
+  // Throws Error naming the field. world = group size.
+  void validate(int world) const;
+  std::string describe() const;
+};
+
+// layout(): purely local routing statistics.
+struct Layout {
+  std::vector<int64_t> num_tokens_per_rank;    // [W]: tokens with >= 1 unmasked expert on rank r
+  std::vector<int64_t> num_tokens_per_expert;  // [E]: (t, k) pairs routed to e
+  std::vector<uint8_t> is_token_in_rank;       // [T, W] row-major, 0/1
+};
+
+struct DispatchInput {
+  Tensor x;             // [T, H] bf16, or e4m3 when dispatch_dtype = fp8
+  Tensor scales;        // [T, ceil(H/128)] f32, fp8 only
+  Tensor topk_idx;      // [T, K] i64, -1 = masked
+  Tensor topk_weights;  // [T, K] f32
+};
+
+namespace ep {
+struct HandleData;  // src/ep/handle.h
+}
+
+// What a dispatch learned about routing; reused by cached dispatch and by combine.
+struct Handle {
+  std::shared_ptr<const ep::HandleData> data;
+  bool valid() const { return data != nullptr; }
+};
+
+// N = received rows (one per (source token, this rank)); S = expanded rows = Σ aligned counts.
+struct DispatchOutput {
+  Tensor x;             // [N, H] or expand [S, H], input dtype; expand padding rows zero
+  Tensor scales;        // [N or S, P] f32 (fp8 only); expand padding zero
+  Tensor topk_idx;      // [N, K] i64 local expert id or -1; expand: [S] i64 local expert, -1 padding
+  Tensor topk_weights;  // [N, K] f32 all source weights; expand: [S] f32 the row's slot weight, 0 padding
+  Tensor src;           // [N] i64 gid; expand: [S] i64 gid, -1 padding
+  Tensor expand_row;    // expand only: [S] i64 index of the received row (0..N-1), -1 padding
+  int64_t num_recv_tokens = 0;                               // N
+  std::vector<int64_t> num_recv_tokens_per_rank;             // [W] rows from each source rank
+  std::vector<int64_t> num_recv_tokens_per_expert;           // [L] raw counts
+  std::vector<int64_t> num_recv_tokens_per_expert_aligned;   // [L] aligned to expert_alignment
+  Handle handle;
+};
+
+struct CombineOutput {
+  Tensor x;             // [T, H] bf16
+  Tensor topk_weights;  // [T, K] f32
+};
+
+// Bytes this rank handed to data collectives in the last call (for benchmarks).
+struct EpCallStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_recv = 0;
+  int collectives = 0;
+  std::string lowering;  // "ag", or a2a's "even" / "v" / "padded"
+};
+
+class EPBuffer {
+ public:
+  // Collective: one small all_reduce checks that E, H, K, M, dtype and algorithm agree on all
+  // ranks. The group must outlive the buffer.
+  EPBuffer(Group& group, const EPConfig& config);
+  ~EPBuffer();
+  EPBuffer(const EPBuffer&) = delete;
+  EPBuffer& operator=(const EPBuffer&) = delete;
+
+  // Local (no communication). Throws on ids out of range or repeated within a row.
+  Layout layout(const Tensor& topk_idx) const;
+
+  // Collective. Invalid input on any rank throws Error on every rank (agreed by one all_reduce
+  // before any data moves). Rows come out in (source rank, source token) order.
+  DispatchOutput dispatch(const DispatchInput& in);
+  // Cached: reuses handle's routing (weights and ids from the original dispatch), no count
+  // collective; bit-identical to the uncached result for the same x. Shape errors are local.
+  DispatchOutput dispatch(const Tensor& x, const Tensor& scales, const Handle& handle);
+
+  // Collective. y: [N, H] bf16 (non-expand) or [S, H] bf16 (expand). Returns the per-token
+  // routing-weighted sum (exact or fast, DESIGN §4) and the combined weights.
+  CombineOutput combine(const Tensor& y, const Handle& handle);
+
+  const EPConfig& config() const;
+  int world_size() const;
+  EpAlgo algorithm() const;  // resolved: ag or a2a (never automatic)
+  const EpCallStats& last_stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Resolves `auto` for a group of `world` ranks with capabilities `caps` and top-k K: a2a when the
+// backend trusts all_to_all_v and W > K (then all_to_all moves fewer bytes than all_gather +
+// reduce_scatter); ag otherwise (small W, or all_to_all_v untrusted).
+EpAlgo resolve_ep_algo(EpAlgo requested, int world, int num_topk, const Capabilities& caps);
+
+}  // namespace deepinfer

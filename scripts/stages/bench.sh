@@ -1,0 +1,46 @@
+# Explicit stage (not in CI): every `deepinfer bench ...` command. `bench collectives` runs on
+# local and mpi at 2, 4 and 8 ranks (4 MiB per rank); every other bench runs with its defaults.
+# Each output line must be a benchmark-contract JSON object with "correct":true (where given).
+# The JSON lines are collected in $BUILD_DIR/stage-logs/bench/bench.jsonl.
+set -uo pipefail
+: "${DEEPINFER:?run through scripts/run_all.sh, or set DEEPINFER and BUILD_DIR}"
+LOGS=${BUILD_DIR:-build}/stage-logs/bench
+mkdir -p "$LOGS"
+OUT="$LOGS/bench.jsonl"
+: >"$OUT"
+MPIRUN=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
+FIELDS=(bench case seconds limit limit_value ratio)
+failed=0
+
+run() {  # NAME -- COMMAND...
+  local name=$1
+  shift 2
+  local log="$LOGS/${name// /_}.log"
+  timeout 1800 "$@" >"$log" 2>"$log.err"
+  local rc=$? ok=1 lines=0 why=""
+  [[ $rc -eq 0 ]] || { ok=0; why="exit $rc"; }
+  while IFS= read -r line; do
+    [[ $line == \{*\} ]] || continue
+    lines=$((lines + 1))
+    echo "$line" >>"$OUT"
+    for f in "${FIELDS[@]}"; do [[ $line == *"\"$f\":"* ]] || { ok=0; why="$why; a line lacks \"$f\""; }; done
+    [[ $line == *'"bytes":'* || $line == *'"flops":'* ]] || { ok=0; why="$why; a line lacks bytes/flops"; }
+    [[ $line == *'"correct":false'* ]] && { ok=0; why="$why; a result was wrong"; }
+  done <"$log"
+  ((lines > 0)) || { ok=0; why="$why; no JSON lines"; }
+  printf '%-4s %-34s %s\n' "$([[ $ok == 1 ]] && echo PASS || echo FAIL)" "$name" "$lines lines${why:+  [$why]}"
+  # The figures: case, ratio to the limit.
+  grep -ao '"case":"[^"]*"\|"ratio":[0-9.eE+-]*\|"limit":"[^"]*"' "$log" | paste -d' ' - - - | sed 's/^/       /'
+  if [[ $ok != 1 ]]; then failed=1; tail -n 5 "$log.err"; fi
+}
+
+for w in 2 4 8; do
+  run "collectives local $w" -- "$DEEPINFER" bench collectives --comm local --world "$w"
+  run "collectives mpi $w" -- "${MPIRUN[@]}" -np "$w" "$DEEPINFER" bench collectives --comm mpi
+done
+# Every other bench command the CLI has (each registers itself under `bench`).
+for name in $("$DEEPINFER" bench --help 2>/dev/null | awk '/^Subcommands:/{s=1; next} s && /^  [a-z]/{print $1}'); do
+  [[ $name == collectives ]] && continue
+  run "$name" -- "$DEEPINFER" bench "$name"
+done
+exit $failed

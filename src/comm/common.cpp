@@ -1,0 +1,77 @@
+#include "comm/common.h"
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+
+namespace deepinfer::comm {
+
+std::string_view op_name(OpKind op) {
+  switch (op) {
+    case OpKind::all_gather:
+      return "all_gather";
+    case OpKind::all_gather_v:
+      return "all_gather_v";
+    case OpKind::all_reduce:
+      return "all_reduce";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::all_to_all:
+      return "all_to_all";
+    case OpKind::all_to_all_v:
+      return "all_to_all_v";
+    case OpKind::broadcast:
+      return "broadcast";
+    case OpKind::barrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+  }
+  return "?";
+}
+
+std::string describe(const CallDesc& d) {
+  switch (d.op) {
+    case OpKind::barrier:
+      return "barrier()";
+    case OpKind::all_gather_v:
+    case OpKind::all_to_all_v:
+      return fmt::format("{}({})", op_name(d.op), dtype_name(d.dtype));
+    case OpKind::all_reduce:
+      return fmt::format("all_reduce(count {}, {}, {})", d.count, dtype_name(d.dtype),
+                         reduce_op_name(d.reduce));
+    case OpKind::broadcast:
+      return fmt::format("broadcast(count {}, {}, root {})", d.count, dtype_name(d.dtype), d.root);
+    default:
+      return fmt::format("{}(count {}, {})", op_name(d.op), d.count, dtype_name(d.dtype));
+  }
+}
+
+std::string timeout_message(std::string_view op, double timeout_s, int rank, int size,
+                            size_t bytes) {
+  return fmt::format(
+      "{} timed out after {:.1f} s on rank {} of {} ({} bytes sent); a peer hung or died — check "
+      "the other ranks' errors, or raise DEEPINFER_COMM_TIMEOUT_S",
+      op, timeout_s, rank, size, bytes);
+}
+
+Clock::time_point deadline_after(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+double resolve_timeout(double launch_timeout_s) {
+  return launch_timeout_s > 0 ? launch_timeout_s : knobs().comm_timeout_s;
+}
+
+}  // namespace deepinfer::comm

@@ -1,0 +1,204 @@
+#include "comm/faulty/faulty_group.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "comm/common.h"
+#include "core/log.h"
+
+namespace deepinfer {
+
+namespace {
+constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kFaults{{
+    {"int32-ag-corrupt",
+     "all_gather of i32 with output >= 1 MiB at >= 16 ranks: values with |v| >= 2^24 lose their "
+     "low "
+     "bits, as if the backend went through float"},
+    {"a2av-hang",
+     "all_to_all_v with uneven splits at >= 4 ranks never completes on the highest rank; the other "
+     "ranks time out"},
+    {"a2a-diverge",
+     "all_to_all_v: each rank picks its lowering from its LOCAL splits; a rank whose own "
+     "send_counts "
+     "are all equal assumes equal receive blocks too and misplaces (zero-fills) data whenever its "
+     "recv_counts are not all equal (sender-dependent or empty splits)"},
+    {"rank-exit",
+     "the highest rank dies in its 2nd collective call (local: its thread stops without telling "
+     "peers; mpi: the process exits with status 1); the peers must time out"},
+}};
+}  // namespace
+
+std::span<const std::pair<std::string_view, std::string_view>> fault_names() { return kFaults; }
+
+namespace comm {
+namespace {
+
+enum class Fault : uint8_t { int32_ag_corrupt, a2av_hang, a2a_diverge, rank_exit };
+
+Fault parse_fault(const std::string& name) {
+  if (name == "int32-ag-corrupt") return Fault::int32_ag_corrupt;
+  if (name == "a2av-hang") return Fault::a2av_hang;
+  if (name == "a2a-diverge") return Fault::a2a_diverge;
+  if (name == "rank-exit") return Fault::rank_exit;
+  std::string known;
+  for (const auto& [n, d] : kFaults) known += fmt::format("\n  {:<17} {}", n, d);
+  DI_FAIL("unknown fault '{}'; known faults:{}", name, known);
+}
+
+bool all_equal(std::span<const size_t> v) {
+  for (size_t x : v)
+    if (x != v[0]) return false;
+  return true;
+}
+
+// What a float-based transport does to an int32: round to 24 significant bits (saturating).
+int32_t through_float(int32_t v) {
+  const double f = double(float(v));
+  if (f >= 2147483647.0) return std::numeric_limits<int32_t>::max();
+  return int32_t(f);
+}
+
+class FaultyGroup final : public Group {
+ public:
+  FaultyGroup(std::unique_ptr<Group> inner, std::string name, double timeout_s)
+      : inner_(std::move(inner)),
+        name_(std::move(name)),
+        fault_(parse_fault(name_)),
+        timeout_s_(timeout_s) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override {
+    return fmt::format("faulty({})/{}", name_, inner_->backend());
+  }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    if (fault_ == Fault::a2av_hang || fault_ == Fault::a2a_diverge) c.all_to_all_v = false;
+    return c;
+  }
+
+  void all_gather(const void* send, void* recv, size_t count, DType dtype) override {
+    enter(OpKind::all_gather);
+    inner_->all_gather(send, recv, count, dtype);
+    if (fault_ == Fault::int32_ag_corrupt && dtype == DType::i32 && size() >= kAgCorruptMinWorld &&
+        count * 4 * size_t(size()) >= kAgCorruptMinBytes) {
+      auto* v = static_cast<int32_t*>(recv);
+      for (size_t i = 0, n = count * size_t(size()); i < n; ++i)
+        if (std::abs(int64_t(v[i])) >= (int64_t(1) << 24)) v[i] = through_float(v[i]);
+    }
+  }
+  void all_gather_v(const void* send, size_t send_count, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override {
+    enter(OpKind::all_gather_v);
+    inner_->all_gather_v(send, send_count, recv, recv_counts, dtype);
+  }
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    enter(OpKind::all_reduce);
+    inner_->all_reduce(buf, count, dtype, op);
+  }
+  void reduce_scatter(const float* send, float* recv, size_t count) override {
+    enter(OpKind::reduce_scatter);
+    inner_->reduce_scatter(send, recv, count);
+  }
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype) override {
+    enter(OpKind::all_to_all);
+    inner_->all_to_all(send, recv, count, dtype);
+  }
+  void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override {
+    enter(OpKind::all_to_all_v);
+    if (fault_ == Fault::a2av_hang && size() >= kA2avHangMinWorld && rank() == size() - 1 &&
+        !(all_equal(send_counts) && all_equal(recv_counts))) {
+      hang(OpKind::all_to_all_v, send_counts, dtype);
+    }
+    if (fault_ == Fault::a2a_diverge && size() > 1 && all_equal(send_counts)) {
+      diverged_all_to_all_v(send, send_counts, recv, recv_counts, dtype);
+      return;
+    }
+    inner_->all_to_all_v(send, send_counts, recv, recv_counts, dtype);
+  }
+  void broadcast(void* buf, size_t count, DType dtype, int root) override {
+    enter(OpKind::broadcast);
+    inner_->broadcast(buf, count, dtype, root);
+  }
+  void barrier() override {
+    enter(OpKind::barrier);
+    inner_->barrier();
+  }
+
+ private:
+  // Counts calls and fires `rank-exit`.
+  void enter(OpKind op) {
+    const int call = calls_++;
+    if (fault_ != Fault::rank_exit || call != kRankExitCall || rank() != size() - 1) return;
+    const std::string msg =
+        fmt::format("rank {} of {} dies in the middle of {} (injected fault rank-exit)", rank(),
+                    size(), op_name(op));
+    log_error("{}", msg);
+    if (inner_->backend() == "mpi") {
+      std::fflush(nullptr);
+      ::_exit(1);  // a crashed process: no MPI_Finalize, no goodbye to the peers
+    }
+    throw RankDied(msg);
+  }
+
+  // a2av-hang: this rank never enters the collective; it waits out the deadline (so the
+  // process still exits) while the peers time out waiting for it.
+  [[noreturn]] void hang(OpKind op, std::span<const size_t> send_counts, DType dtype) {
+    log_warn("{} hangs on rank {} of {} (injected fault a2av-hang)", op_name(op), rank(), size());
+    const auto deadline = deadline_after(timeout_s_);
+    while (Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    size_t sent = 0;
+    for (size_t c : send_counts) sent += c;
+    throw CommTimeout(
+        timeout_message(op_name(op), timeout_s_, rank(), size(), sent * dtype_size(dtype)) +
+        " [injected fault a2av-hang: this rank hung]");
+  }
+
+  // a2a-diverge: this rank's send splits are even, so it "lowers" to all_to_all and assumes its
+  // receive blocks are `c` elements each at stride `c`. The bytes travel correctly (so no
+  // transport misbehaves), but land where the even lowering would have put them.
+  void diverged_all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                             std::span<const size_t> recv_counts, DType dtype) {
+    const size_t es = dtype_size(dtype);
+    size_t total = 0;
+    for (size_t c : recv_counts) total += c;
+    std::vector<std::byte> tmp(total * es);
+    inner_->all_to_all_v(send, send_counts, tmp.data(), recv_counts, dtype);
+    const size_t c = send_counts[0];
+    auto* out = static_cast<std::byte*>(recv);
+    if (total) std::memset(out, 0, total * es);
+    size_t off = 0;
+    for (size_t j = 0; j < recv_counts.size(); ++j) {
+      const size_t dst = j * c;
+      const size_t n = dst < total ? std::min({c, recv_counts[j], total - dst}) : 0;
+      if (n) std::memcpy(out + dst * es, tmp.data() + off * es, n * es);
+      off += recv_counts[j];
+    }
+  }
+
+  std::unique_ptr<Group> inner_;
+  std::string name_;
+  Fault fault_;
+  double timeout_s_;
+  int calls_ = 0;
+};
+
+}  // namespace
+
+void check_fault_name(const std::string& name) { parse_fault(name); }
+
+std::unique_ptr<Group> make_faulty_group(std::unique_ptr<Group> inner, const std::string& fault,
+                                         double timeout_s) {
+  return std::make_unique<FaultyGroup>(std::move(inner), fault, timeout_s);
+}
+
+}  // namespace comm
+}  // namespace deepinfer

@@ -1,0 +1,108 @@
+// `local` backend: N ranks as N threads of one process. Each collective publishes every
+// rank's pointers in a shared LocalWorld, meets at a generation barrier, copies straight from
+// the peers' buffers (one copy), and meets again before any buffer may be reused.
+#pragma once
+
+#include <deepinfer/comm.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/common.h"
+
+namespace deepinfer::comm {
+
+// What one rank publishes for one call. Slots are double-buffered by call parity, so a rank
+// may publish call k+1 while a slow peer still reads call k's descriptor.
+struct LocalSlot {
+  CallDesc desc;
+  const std::byte* send = nullptr;
+  std::byte* recv = nullptr;
+  const size_t* send_counts = nullptr;  // all_to_all_v: [size]
+  const size_t* recv_counts = nullptr;  // all_to_all_v, all_gather_v: [size]
+  size_t send_count = 0;                // all_gather_v
+  const std::byte* scratch = nullptr;   // all_reduce: this rank's reduced slice
+};
+
+struct alignas(64) LocalRankState {
+  LocalSlot slots[2];
+  std::vector<std::byte> scratch;  // all_reduce slice; resized only after barrier 1
+  uint64_t calls = 0;
+};
+
+// The state shared by the rank threads of one run.
+class LocalWorld {
+ public:
+  LocalWorld(int size, double timeout_s);
+
+  int size() const { return size_; }
+  double timeout_s() const { return timeout_s_; }
+  LocalRankState& state(int rank) { return states_[size_t(rank)]; }
+
+  // Generation barrier with a deadline. Throws CommTimeout when the deadline passes (and
+  // marks the world broken) or when the world is already broken / a rank has returned.
+  void arrive_and_wait(int rank, const CallDesc& desc, size_t bytes, Clock::time_point deadline);
+
+  // A rank failed: every waiting and future collective fails fast with `reason`.
+  void mark_broken(const std::string& reason);
+  // A rank returned from its function: collectives still waiting on it can never complete.
+  void mark_exited(int rank);
+  bool broken() const { return broken_flag_.load(std::memory_order_acquire); }
+
+ private:
+  [[noreturn]] void fail_locked(int rank, const CallDesc& desc);
+
+  const int size_;
+  const double timeout_s_;
+  const bool spin_;
+  std::vector<LocalRankState> states_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> broken_flag_{false};
+  std::string broken_reason_;
+  int exited_rank_ = -1;
+};
+
+class LocalGroup final : public Group {
+ public:
+  LocalGroup(std::shared_ptr<LocalWorld> world, int rank);
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size(); }
+  std::string backend() const override { return "local"; }
+  Capabilities capabilities() const override { return {}; }
+
+  void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
+  void all_gather_v(const void* send, size_t send_count, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override;
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const float* send, float* recv, size_t count) override;
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
+  void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void barrier() override;
+
+ private:
+  LocalSlot& begin(const CallDesc& desc, size_t bytes);  // publishes desc, starts the clock
+  void sync_start();  // barrier 1 + check that every rank made the same call
+  void sync_end();    // barrier 2: peers are done with this rank's buffers
+  const LocalSlot& peer(int r) const;
+  std::string check_match() const;  // empty, or why the ranks' calls do not match
+
+  std::shared_ptr<LocalWorld> world_;
+  const int rank_;
+  CallDesc desc_;
+  size_t bytes_ = 0;
+  int parity_ = 0;
+  Clock::time_point deadline_;
+};
+
+}  // namespace deepinfer::comm

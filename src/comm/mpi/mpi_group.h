@@ -1,0 +1,73 @@
+// `mpi` backend: one process per rank under mpirun/srun (OpenMPI). Every collective is the
+// non-blocking MPI call, polled with MPI_Test against the deadline, so a dead or hung peer
+// becomes a CommTimeout instead of a hang. Payloads that are not reduced move as MPI_BYTE;
+// counts beyond INT_MAX use derived datatypes or point-to-point transfers.
+#pragma once
+
+#include <deepinfer/comm.h>
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/common.h"
+
+namespace deepinfer::comm {
+
+// Initialises MPI once per process (MPI_THREAD_SERIALIZED) and finalises it at exit.
+void mpi_init_once();
+// Largest int count a single MPI call is given; tests lower it to exercise the > INT_MAX paths
+// with small buffers. 0 restores kMpiMaxCount.
+void set_mpi_count_limit_for_testing(size_t limit);
+
+class MpiGroup final : public Group {
+ public:
+  explicit MpiGroup(double timeout_s);  // duplicates MPI_COMM_WORLD
+  ~MpiGroup() override;
+  MpiGroup(const MpiGroup&) = delete;
+  MpiGroup& operator=(const MpiGroup&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  // MPI picks its own reduction order, so reduce_scatter is not bit-reproducible across sizes.
+  Capabilities capabilities() const override { return {true, true, false}; }
+
+  void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
+  void all_gather_v(const void* send, size_t send_count, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override;
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const float* send, float* recv, size_t count) override;
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
+  void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void barrier() override;
+
+  // A collective timed out (its requests are still pending): the job must be aborted.
+  bool broken() const { return broken_; }
+
+ private:
+  struct Call {
+    OpKind op;
+    size_t bytes;
+    Clock::time_point deadline;
+  };
+  Call begin(OpKind op, size_t bytes);
+  void wait(const Call& call, std::vector<MPI_Request>& reqs);
+  void wait(const Call& call, MPI_Request req);
+  bool any_rank_needs(const Call& call, bool local_flag);  // consensus for the big-count paths
+  void p2p_exchange(const Call& call, const std::byte* send, const std::vector<size_t>& send_bytes,
+                    const std::vector<size_t>& send_offsets, std::byte* recv,
+                    const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  double timeout_s_;
+  double spin_s_;  // busy-poll time before yielding; short when ranks outnumber cores
+  bool broken_ = false;
+  std::string broken_reason_;
+};
+
+}  // namespace deepinfer::comm

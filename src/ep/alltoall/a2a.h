@@ -1,0 +1,49 @@
+// Algorithm `a2a`: records move with one all_to_all after the W×W split matrix is all-gathered,
+// so every rank sees the same matrix and picks the same lowering (DESIGN §4). Sees only Group.
+#pragma once
+
+#include <deepinfer/comm.h>
+#include <deepinfer/ep.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace deepinfer::ep::a2a {
+
+enum class Lowering : uint8_t {
+  even,    // every split equal: all_to_all
+  v,       // all_to_all_v (backend trusts it)
+  padded,  // all_to_all padded to the global max split
+};
+std::string_view to_string(Lowering l);
+
+struct Plan {
+  int world = 1;
+  std::vector<int64_t> split;  // [W, W]: records rank i sends rank j
+  Lowering lowering = Lowering::even;
+  int64_t max_split = 0;
+  int64_t send(int i, int j) const { return split[size_t(i) * size_t(world) + size_t(j)]; }
+};
+
+// Same on every rank given the same matrix. Throws when the backend trusts no lowering.
+Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& caps);
+
+// Collective: one all_gather of this rank's send counts [W]; returns the agreed plan.
+Plan make_plan(Group& group, std::span<const int64_t> send_counts);
+
+// Reusable staging for the padded lowering.
+struct Scratch {
+  std::vector<std::byte> send, recv;
+};
+
+// Collective: moves records of rec_bytes. send holds send_counts[j] records for rank j, packed in
+// rank order; recv receives recv_counts[i] records from rank i, packed in rank order. `padded`
+// pads every block to pad_records.
+void exchange(Group& group, Lowering lowering, int64_t pad_records,
+              std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts,
+              const std::byte* send, std::byte* recv, size_t rec_bytes, Scratch& scratch,
+              EpCallStats& stats);
+
+}  // namespace deepinfer::ep::a2a

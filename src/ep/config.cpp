@@ -1,0 +1,52 @@
+// EPConfig validation and the `auto` algorithm rule.
+#include <deepinfer/ep.h>
+
+#include <fmt/format.h>
+
+namespace deepinfer {
+
+void EPConfig::validate(int world) const {
+  DI_CHECK(world >= 1, "EPConfig: group size must be >= 1, got {}", world);
+  DI_CHECK(num_experts >= 1, "EPConfig.num_experts must be >= 1, got {}", num_experts);
+  DI_CHECK(num_experts % world == 0,
+           "EPConfig.num_experts = {} is not a multiple of the group size {}; experts are split "
+           "evenly across ranks (E % W == 0)",
+           num_experts, world);
+  DI_CHECK(num_experts / world <= kEpMaxLocalExperts,
+           "EPConfig.num_experts = {} gives {} local experts per rank; at most {} supported",
+           num_experts, num_experts / world, kEpMaxLocalExperts);
+  DI_CHECK(hidden >= 1, "EPConfig.hidden must be >= 1, got {}", hidden);
+  DI_CHECK(num_topk >= 1 && num_topk <= kEpMaxTopk,
+           "EPConfig.num_topk must be in [1, {}], got {}", kEpMaxTopk, num_topk);
+  DI_CHECK(num_topk <= num_experts,
+           "EPConfig.num_topk = {} exceeds num_experts = {} (experts in a row must be distinct)",
+           num_topk, num_experts);
+  DI_CHECK(num_max_tokens_per_rank >= 0,
+           "EPConfig.num_max_tokens_per_rank must be >= 0, got {}", num_max_tokens_per_rank);
+  DI_CHECK(int64_t(num_max_tokens_per_rank) * world < (int64_t(1) << 40),
+           "EPConfig.num_max_tokens_per_rank = {} × {} ranks is too large", num_max_tokens_per_rank,
+           world);
+  DI_CHECK(expert_alignment >= 1 && expert_alignment <= (1 << 20),
+           "EPConfig.expert_alignment must be in [1, 2^20], got {}", expert_alignment);
+  DI_CHECK(chunk_bytes >= 4096, "EPConfig.chunk_bytes must be >= 4096, got {}", chunk_bytes);
+  DI_CHECK(dispatch_dtype == DispatchDType::bf16 || dispatch_dtype == DispatchDType::fp8,
+           "EPConfig.dispatch_dtype must be bf16 or fp8");
+}
+
+std::string EPConfig::describe() const {
+  return fmt::format(
+      "E={} H={} K={} M={} dtype={} align={} expand={} algo={} combine={} ag_rows={} reduce={} "
+      "chunk={}",
+      num_experts, hidden, num_topk, num_max_tokens_per_rank,
+      dispatch_dtype == DispatchDType::fp8 ? "fp8" : "bf16", expert_alignment, expand ? 1 : 0,
+      to_string(algo), to_string(combine), to_string(ag_rows), to_string(reduce), chunk_bytes);
+}
+
+EpAlgo resolve_ep_algo(EpAlgo requested, int world, int num_topk, const Capabilities& caps) {
+  if (requested != EpAlgo::automatic) return requested;
+  // ag moves W·R records per rank, a2a about T·min(W, K): equal for W <= K, a2a less beyond.
+  if (caps.all_to_all_v && world > num_topk) return EpAlgo::a2a;
+  return EpAlgo::ag;
+}
+
+}  // namespace deepinfer

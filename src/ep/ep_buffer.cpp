@@ -1,0 +1,614 @@
+// EPBuffer: input agreement, record packing, the common unpack into DeepEP's outputs (so both
+// algorithms produce bit-identical results), and the combine arithmetic of DESIGN §4.
+#include <deepinfer/ep.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "core/log.h"
+#include "ep/allgather/ag.h"
+#include "ep/alltoall/a2a.h"
+#include "ep/handle.h"
+#include "ep/sizing.h"
+#include "ep/validate.h"
+
+namespace deepinfer {
+
+using ep::HandleData;
+using ep::RecordLayout;
+
+namespace {
+
+// -0 -> +0 before transport, so a sum with zeros from other ranks is exact (DESIGN §4).
+inline float canon(float v) { return v == 0.0f ? 0.0f : v; }
+
+// A received record and where it came from.
+struct RowRef {
+  int32_t src_rank;
+  int32_t src_token;
+  const std::byte* rec;
+};
+
+// Everything a record is packed from.
+struct PackSource {
+  const std::byte* x;   // [T, x_bytes]
+  const float* scales;  // [T, P] or null
+  const float* weights; // [T, K]
+  const int64_t* idx;   // [T, K]
+};
+
+void pack_record(const RecordLayout& rl, const PackSource& s, int p, int k, int64_t t,
+                 std::byte* dst, bool with_token) {
+  std::memset(dst, 0, rl.bytes);
+  std::memcpy(dst, s.x + size_t(t) * rl.x_bytes, rl.x_bytes);
+  if (rl.scale_bytes) std::memcpy(dst + rl.off_scales, s.scales + t * p, rl.scale_bytes);
+  std::memcpy(dst + rl.off_weights, s.weights + t * k, size_t(k) * 4);
+  std::memcpy(dst + rl.off_idx, s.idx + t * k, size_t(k) * 8);
+  if (with_token) std::memcpy(dst + rl.off_token, &t, 8);
+}
+
+// Padding row of the ag all_gather: no expert selects it.
+void pack_padding(const RecordLayout& rl, int k, std::byte* dst) {
+  std::memset(dst, 0, rl.bytes);
+  const int64_t masked = -1;
+  for (int j = 0; j < k; ++j) std::memcpy(dst + rl.off_idx + size_t(j) * 8, &masked, 8);
+}
+
+}  // namespace
+
+struct EPBuffer::Impl {
+  Group& group;
+  EPConfig cfg;
+  int world = 1, rank = 0;
+  int local_experts = 1;  // L
+  EpAlgo algo = EpAlgo::ag;
+  ep::EpSizes sizes;
+  // Reused across calls (sized by ep_size_hint, grown on demand).
+  std::vector<std::byte> send_buf, recv_buf, comb_send, comb_recv;
+  std::vector<float> red_send, red_recv, acc;
+  std::vector<int64_t> selected;
+  std::vector<const std::byte*> slot_ptr;
+  ep::a2a::Scratch scratch;
+  EpCallStats stats;
+
+  Impl(Group& g, const EPConfig& c) : group(g), cfg(c) {}
+
+  // Once per process and message (rank 0): the lowering a backend gets is news once, not per call.
+  void log_once(const std::string& what) const {
+    static std::mutex mu;
+    static std::set<std::string> logged;
+    if (rank != 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (logged.insert(what + " on " + group.backend()).second) log_info("ep: {} on {}", what, group.backend());
+  }
+
+  PackSource source(const Tensor& x, const Tensor& scales, const Tensor& weights, const Tensor& idx) const {
+    return {static_cast<const std::byte*>(x.raw()),
+            cfg.dispatch_dtype == DispatchDType::fp8 ? scales.data<float>() : nullptr,
+            weights.data<float>(), idx.data<int64_t>()};
+  }
+
+  // Own tokens grouped by destination rank, ascending within each.
+  void build_send_lists(HandleData& h) const {
+    const int k = cfg.num_topk;
+    const int64_t* idx = h.topk_idx.data<int64_t>();
+    std::vector<std::vector<int32_t>> per(static_cast<size_t>(world));
+    std::vector<uint8_t> hit(static_cast<size_t>(world));
+    for (int64_t t = 0; t < h.num_tokens; ++t) {
+      std::fill(hit.begin(), hit.end(), 0);
+      for (int j = 0; j < k; ++j) {
+        const int64_t e = idx[t * k + j];
+        if (e >= 0) hit[size_t(e / local_experts)] = 1;
+      }
+      for (int r = 0; r < world; ++r)
+        if (hit[size_t(r)]) per[size_t(r)].push_back(int32_t(t));
+    }
+    h.send_offsets.assign(size_t(world) + 1, 0);
+    h.send_tokens.clear();
+    for (int r = 0; r < world; ++r) {
+      h.send_tokens.insert(h.send_tokens.end(), per[size_t(r)].begin(), per[size_t(r)].end());
+      h.send_offsets[size_t(r) + 1] = int64_t(h.send_tokens.size());
+    }
+  }
+
+  // ag: pack [R, rec], gather, and list the received rows.
+  void ag_exchange(const HandleData& h, const PackSource& src, bool cached, std::vector<RowRef>& rows) {
+    const RecordLayout& rl = sizes.ag_record;
+    const int64_t r_rows = h.ag_rows;
+    const int k = cfg.num_topk, p = cfg.scale_cols();
+    if (send_buf.size() < size_t(r_rows) * rl.bytes) send_buf.resize(size_t(r_rows) * rl.bytes);
+    if (recv_buf.size() < size_t(world) * size_t(r_rows) * rl.bytes)
+      recv_buf.resize(size_t(world) * size_t(r_rows) * rl.bytes);
+    for (int64_t t = 0; t < r_rows; ++t) {
+      std::byte* dst = send_buf.data() + size_t(t) * rl.bytes;
+      if (t < h.num_tokens) pack_record(rl, src, p, k, t, dst, false);
+      else pack_padding(rl, k, dst);
+    }
+    ep::ag::gather(group, send_buf.data(), r_rows, rl.bytes, recv_buf.data(), stats);
+    rows.clear();
+    if (cached) {
+      for (size_t i = 0; i < h.recv_src_rank.size(); ++i) {
+        const int64_t g = int64_t(h.recv_src_rank[i]) * r_rows + h.recv_src_token[i];
+        rows.push_back({h.recv_src_rank[i], h.recv_src_token[i], recv_buf.data() + size_t(g) * rl.bytes});
+      }
+      return;
+    }
+    const int64_t lo = int64_t(rank) * local_experts;
+    ep::ag::select(recv_buf.data(), world, r_rows, rl, k, lo, lo + local_experts, selected);
+    for (int64_t g : selected)
+      rows.push_back({int32_t(g / r_rows), int32_t(g % r_rows), recv_buf.data() + size_t(g) * rl.bytes});
+  }
+
+  // a2a: pack by destination, exchange under the plan, list the received rows.
+  void a2a_exchange(const HandleData& h, const PackSource& src, std::vector<RowRef>& rows) {
+    const RecordLayout& rl = sizes.a2a_record;
+    const int k = cfg.num_topk, p = cfg.scale_cols();
+    const size_t n_send = h.send_tokens.size();
+    if (send_buf.size() < n_send * rl.bytes) send_buf.resize(n_send * rl.bytes);
+    for (size_t i = 0; i < n_send; ++i)
+      pack_record(rl, src, p, k, h.send_tokens[i], send_buf.data() + i * rl.bytes, true);
+    std::vector<int64_t> sc(static_cast<size_t>(world)), rc(static_cast<size_t>(world));
+    int64_t n_recv = 0;
+    for (int r = 0; r < world; ++r) {
+      sc[size_t(r)] = h.plan.send(rank, r);
+      rc[size_t(r)] = h.plan.send(r, rank);
+      n_recv += rc[size_t(r)];
+    }
+    if (recv_buf.size() < size_t(n_recv) * rl.bytes) recv_buf.resize(size_t(n_recv) * rl.bytes);
+    log_once(fmt::format("a2a dispatch lowering = {}", ep::a2a::to_string(h.plan.lowering)));
+    ep::a2a::exchange(group, h.plan.lowering, h.plan.max_split, sc, rc, send_buf.data(),
+                      recv_buf.data(), rl.bytes, scratch, stats);
+    rows.clear();
+    size_t pos = 0;
+    for (int r = 0; r < world; ++r)
+      for (int64_t i = 0; i < rc[size_t(r)]; ++i, ++pos) {
+        const std::byte* rec = recv_buf.data() + pos * rl.bytes;
+        int64_t t;
+        std::memcpy(&t, rec + rl.off_token, 8);
+        rows.push_back({int32_t(r), int32_t(t), rec});
+      }
+  }
+
+  // The common unpack: received records -> DeepEP's outputs. fill_handle: record the receive
+  // side in h (uncached); cached dispatch recomputes the same values and leaves h alone.
+  DispatchOutput unpack(const std::vector<RowRef>& rows, const RecordLayout& rl, HandleData* h_fill,
+                        const HandleData& h) const {
+    const int k = cfg.num_topk, p = cfg.scale_cols();
+    const int64_t n = int64_t(rows.size());
+    const int64_t lo = int64_t(rank) * local_experts;
+    const bool fp8 = cfg.dispatch_dtype == DispatchDType::fp8;
+    const DType xdt = fp8 ? DType::e4m3 : DType::bf16;
+    const int64_t m = cfg.num_max_tokens_per_rank;
+
+    std::vector<int32_t> local_idx(size_t(n) * size_t(k));
+    std::vector<float> weights(size_t(n) * size_t(k));
+    std::vector<int64_t> count_raw(size_t(local_experts), 0), per_rank(size_t(world), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const std::byte* rec = rows[size_t(i)].rec;
+      std::memcpy(weights.data() + i * k, rec + rl.off_weights, size_t(k) * 4);
+      per_rank[size_t(rows[size_t(i)].src_rank)] += 1;
+      for (int j = 0; j < k; ++j) {
+        int64_t e;
+        std::memcpy(&e, rec + rl.off_idx + size_t(j) * 8, 8);
+        const bool mine = e >= lo && e < lo + local_experts;
+        local_idx[size_t(i * k + j)] = mine ? int32_t(e - lo) : -1;
+        if (mine) count_raw[size_t(e - lo)] += 1;
+      }
+    }
+    std::vector<int64_t> count_aligned(static_cast<size_t>(local_experts)), seg_start(static_cast<size_t>(local_experts));
+    int64_t s_total = 0;
+    for (int j = 0; j < local_experts; ++j) {
+      count_aligned[size_t(j)] = int64_t(ep::align_up(size_t(count_raw[size_t(j)]), size_t(cfg.expert_alignment)));
+      seg_start[size_t(j)] = s_total;
+      s_total += count_aligned[size_t(j)];
+    }
+
+    DispatchOutput out;
+    out.num_recv_tokens = n;
+    out.num_recv_tokens_per_rank = per_rank;
+    out.num_recv_tokens_per_expert = count_raw;
+    out.num_recv_tokens_per_expert_aligned = count_aligned;
+    std::vector<int64_t> expand_slot;
+    if (!cfg.expand) {
+      out.x = Tensor::empty(xdt, {n, cfg.hidden});                 // [N, H]
+      if (fp8) out.scales = Tensor::empty(DType::f32, {n, p});      // [N, P]
+      out.topk_idx = Tensor::empty(DType::i64, {n, k});             // [N, K]
+      out.topk_weights = Tensor::empty(DType::f32, {n, k});         // [N, K]
+      out.src = Tensor::empty(DType::i64, {n});                     // [N]
+      auto* ox = static_cast<std::byte*>(out.x.raw());
+      for (int64_t i = 0; i < n; ++i) {
+        const RowRef& r = rows[size_t(i)];
+        std::memcpy(ox + size_t(i) * rl.x_bytes, r.rec, rl.x_bytes);
+        if (fp8) std::memcpy(out.scales.data<float>() + i * p, r.rec + rl.off_scales, rl.scale_bytes);
+        for (int j = 0; j < k; ++j) out.topk_idx.data<int64_t>()[i * k + j] = local_idx[size_t(i * k + j)];
+        out.src.data<int64_t>()[i] = int64_t(r.src_rank) * m + r.src_token;
+      }
+      if (n) std::memcpy(out.topk_weights.raw(), weights.data(), weights.size() * 4);
+    } else {
+      out.x = Tensor::zeros(xdt, {s_total, cfg.hidden});                // [S, H]
+      if (fp8) out.scales = Tensor::zeros(DType::f32, {s_total, p});   // [S, P]
+      out.topk_idx = Tensor::empty(DType::i64, {s_total});             // [S]
+      out.topk_weights = Tensor::zeros(DType::f32, {s_total});         // [S]
+      out.src = Tensor::empty(DType::i64, {s_total});                  // [S]
+      out.expand_row = Tensor::empty(DType::i64, {s_total});           // [S]
+      std::fill_n(out.topk_idx.data<int64_t>(), s_total, -1);
+      std::fill_n(out.src.data<int64_t>(), s_total, -1);
+      std::fill_n(out.expand_row.data<int64_t>(), s_total, -1);
+      expand_slot.assign(size_t(n) * size_t(k), -1);
+      std::vector<int64_t> cursor = seg_start;
+      auto* ox = static_cast<std::byte*>(out.x.raw());
+      for (int64_t i = 0; i < n; ++i) {
+        const RowRef& r = rows[size_t(i)];
+        for (int j = 0; j < k; ++j) {
+          const int32_t le = local_idx[size_t(i * k + j)];
+          if (le < 0) continue;
+          const int64_t s = cursor[size_t(le)]++;
+          expand_slot[size_t(i * k + j)] = s;
+          std::memcpy(ox + size_t(s) * rl.x_bytes, r.rec, rl.x_bytes);
+          if (fp8) std::memcpy(out.scales.data<float>() + s * p, r.rec + rl.off_scales, rl.scale_bytes);
+          out.topk_idx.data<int64_t>()[s] = le;
+          out.topk_weights.data<float>()[s] = weights[size_t(i * k + j)];
+          out.src.data<int64_t>()[s] = int64_t(r.src_rank) * m + r.src_token;
+          out.expand_row.data<int64_t>()[s] = i;
+        }
+      }
+    }
+    if (h_fill) {
+      h_fill->num_recv = n;
+      h_fill->recv_src_rank.resize(size_t(n));
+      h_fill->recv_src_token.resize(size_t(n));
+      for (int64_t i = 0; i < n; ++i) {
+        h_fill->recv_src_rank[size_t(i)] = rows[size_t(i)].src_rank;
+        h_fill->recv_src_token[size_t(i)] = rows[size_t(i)].src_token;
+      }
+      h_fill->num_recv_per_rank = std::move(per_rank);
+      h_fill->recv_local_idx = std::move(local_idx);
+      h_fill->recv_weights = std::move(weights);
+      h_fill->count_raw = std::move(count_raw);
+      h_fill->count_aligned = std::move(count_aligned);
+      h_fill->seg_start = std::move(seg_start);
+      h_fill->num_expanded = s_total;
+      h_fill->expand_slot = std::move(expand_slot);
+    } else {
+      DI_CHECK(n == h.num_recv && s_total == h.num_expanded,
+               "ep cached dispatch: received {} rows ({} expanded), the handle expects {} ({}); the "
+               "handle belongs to a different dispatch",
+               n, s_total, h.num_recv, h.num_expanded);
+    }
+    return out;
+  }
+
+  // Every rank validates locally, then one MAX all_reduce agrees on "any rank invalid" (so all
+  // ranks throw together) and on the global max T (ag's R).
+  int64_t agree(const std::string& err, int64_t num_tokens, const char* op) {
+    std::array<int64_t, 2> v{err.empty() ? 0 : int64_t(world - rank), num_tokens};
+    group.all_reduce(v.data(), v.size(), DType::i64, ReduceOp::max);
+    if (!err.empty()) DI_FAIL("ep {} on rank {}/{}: {}", op, rank, world, err);
+    if (v[0] != 0)
+      DI_FAIL("ep {}: rank {} passed invalid input (its error names the problem); rank {} stops too, "
+              "no data was moved", op, world - v[0], rank);
+    return v[1];
+  }
+
+  DispatchOutput dispatch(const DispatchInput& in) {
+    stats = {};
+    const std::string err = ep::check_dispatch_input(in, cfg);
+    const int64_t t_count = err.empty() ? in.topk_idx.dim(0) : 0;
+    const int64_t max_t = agree(err, t_count, "dispatch");
+    auto h = std::make_shared<HandleData>();
+    h->algo = algo;
+    h->world = world;
+    h->rank = rank;
+    h->num_tokens = t_count;
+    h->topk_idx = in.topk_idx.clone();
+    h->topk_weights = in.topk_weights.clone();
+    build_send_lists(*h);
+    const PackSource src = source(in.x, in.scales, h->topk_weights, h->topk_idx);
+    std::vector<RowRef> rows;
+    if (algo == EpAlgo::ag) {
+      h->ag_rows = cfg.ag_rows == AgRows::max ? max_t : cfg.num_max_tokens_per_rank;
+      ag_exchange(*h, src, false, rows);
+    } else {
+      std::vector<int64_t> counts(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) counts[size_t(r)] = h->send_offsets[size_t(r) + 1] - h->send_offsets[size_t(r)];
+      h->plan = ep::a2a::make_plan(group, counts);
+      stats.collectives += 1;
+      a2a_exchange(*h, src, rows);
+    }
+    stats.collectives += 1;  // the agreement all_reduce
+    DispatchOutput out = unpack(rows, algo == EpAlgo::ag ? sizes.ag_record : sizes.a2a_record, h.get(), *h);
+    out.handle.data = std::move(h);
+    return out;
+  }
+
+  void check_handle(const Handle& handle, const char* op) const {
+    DI_CHECK(handle.valid(), "ep {}: the handle is empty; pass the handle of a dispatch", op);
+    const HandleData& h = *handle.data;
+    DI_CHECK(h.world == world && h.rank == rank && h.algo == algo,
+             "ep {}: the handle comes from another EPBuffer (rank {}/{} algo {}, this is rank {}/{} algo {})",
+             op, h.rank, h.world, to_string(h.algo), rank, world, to_string(algo));
+  }
+
+  DispatchOutput dispatch_cached(const Tensor& x, const Tensor& scales, const Handle& handle) {
+    stats = {};
+    check_handle(handle, "cached dispatch");
+    const HandleData& h = *handle.data;
+    const std::string err = ep::check_x(x, scales, h.num_tokens, cfg);
+    if (!err.empty()) DI_FAIL("ep cached dispatch on rank {}/{}: {}", rank, world, err);
+    const PackSource src = source(x, scales, h.topk_weights, h.topk_idx);
+    std::vector<RowRef> rows;
+    if (algo == EpAlgo::ag) ag_exchange(h, src, true, rows);
+    else a2a_exchange(h, src, rows);
+    DispatchOutput out = unpack(rows, algo == EpAlgo::ag ? sizes.ag_record : sizes.a2a_record, nullptr, h);
+    out.handle = handle;
+    return out;
+  }
+
+  // y row of received row i for slot k.
+  const uint16_t* y_row(const HandleData& h, const uint16_t* y, int64_t i, int j) const {
+    const int64_t row = cfg.expand ? h.expand_slot[size_t(i * cfg.num_topk + j)] : i;
+    return y + size_t(row) * size_t(cfg.hidden);
+  }
+
+  // partial[h] = canon(bf16(Σ_local w_k·y_k[h])) in slot order (fast mode).
+  void local_partial(const HandleData& h, const uint16_t* y, int64_t i, float* dst) const {
+    const int k = cfg.num_topk, hd = cfg.hidden;
+    std::fill_n(dst, hd, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      if (h.recv_local_idx[size_t(i * k + j)] < 0) continue;
+      const float w = h.recv_weights[size_t(i * k + j)];
+      const uint16_t* yr = y_row(h, y, i, j);
+      for (int c = 0; c < hd; ++c) dst[c] += w * bf16_to_f32(bf16{yr[c]});
+    }
+    for (int c = 0; c < hd; ++c) dst[c] = canon(round_bf16(dst[c]));
+  }
+
+  CombineOutput combine(const Tensor& y, const Handle& handle) {
+    stats = {};
+    check_handle(handle, "combine");
+    const HandleData& h = *handle.data;
+    const int64_t rows = cfg.expand ? h.num_expanded : h.num_recv;
+    DI_CHECK((y.defined() || (y.ndim() == 2 && y.numel() == 0)) && y.dtype() == DType::bf16 && y.ndim() == 2 && y.dim(0) == rows &&
+                 y.dim(1) == cfg.hidden && y.is_contiguous(),
+             "ep combine on rank {}/{}: y must be a contiguous bf16 [{}={}, H={}] tensor, got {}", rank,
+             world, cfg.expand ? "S" : "N", rows, cfg.hidden, y.defined() ? y.describe() : "undefined");
+    CombineOutput out;
+    out.x = Tensor::empty(DType::bf16, {h.num_tokens, cfg.hidden});   // [T, H]
+    out.topk_weights = Tensor::zeros(DType::f32, {h.num_tokens, cfg.num_topk});  // [T, K]
+    if (algo == EpAlgo::ag) combine_ag(h, y.data<uint16_t>(), out);
+    else combine_a2a(h, y.data<uint16_t>(), out);
+    return out;
+  }
+
+  void combine_ag(const HandleData& h, const uint16_t* y, CombineOutput& out) {
+    const int k = cfg.num_topk, hd = cfg.hidden;
+    const bool exact = cfg.combine == CombineMode::exact;
+    const size_t cols = ep::ag_combine_cols(cfg);
+    ep::ag::ReduceParams rp;
+    rp.reduce = cfg.reduce;
+    rp.rows = h.ag_rows;
+    rp.cols = cols;
+    rp.chunk_rows = std::max<size_t>(1, cfg.chunk_bytes / (size_t(world) * cols * 4));
+    const int64_t* own_idx = h.topk_idx.data<int64_t>();
+    uint16_t* ox = out.x.data<uint16_t>();
+    float* ow = out.topk_weights.data<float>();
+    auto fill = [&](int64_t begin, int64_t end, float* send) {
+      const int64_t span = end - begin;
+      for (int64_t i = 0; i < h.num_recv; ++i) {
+        const int64_t t = h.recv_src_token[size_t(i)];
+        if (t < begin || t >= end) continue;
+        float* base = send + (size_t(h.recv_src_rank[size_t(i)]) * size_t(span) + size_t(t - begin)) * cols;
+        if (exact) {
+          for (int j = 0; j < k; ++j) {
+            if (h.recv_local_idx[size_t(i * k + j)] < 0) continue;
+            const float w = h.recv_weights[size_t(i * k + j)];
+            const uint16_t* yr = y_row(h, y, i, j);
+            float* dst = base + size_t(j) * size_t(hd);
+            for (int c = 0; c < hd; ++c) dst[c] = canon(w * bf16_to_f32(bf16{yr[c]}));
+          }
+        } else {
+          local_partial(h, y, i, base);
+        }
+        for (int j = 0; j < k; ++j)
+          if (h.recv_local_idx[size_t(i * k + j)] >= 0)
+            base[cols - size_t(k) + size_t(j)] = canon(h.recv_weights[size_t(i * k + j)]);
+      }
+    };
+    if (acc.size() < size_t(hd)) acc.resize(size_t(hd));
+    auto consume = [&](int64_t begin, int64_t end, const float* own) {
+      for (int64_t t = begin; t < std::min(end, h.num_tokens); ++t) {
+        const float* row = own + size_t(t - begin) * cols;
+        if (exact) {
+          std::fill_n(acc.data(), hd, 0.0f);
+          for (int j = 0; j < k; ++j) {
+            if (own_idx[t * k + j] < 0) continue;
+            const float* pj = row + size_t(j) * size_t(hd);
+            for (int c = 0; c < hd; ++c) acc[size_t(c)] += pj[c];
+          }
+          for (int c = 0; c < hd; ++c) ox[t * hd + c] = f32_to_bf16(acc[size_t(c)]).bits;
+        } else {
+          for (int c = 0; c < hd; ++c) ox[t * hd + c] = f32_to_bf16(row[c]).bits;
+        }
+        for (int j = 0; j < k; ++j)
+          ow[t * k + j] = own_idx[t * k + j] < 0 ? 0.0f : row[cols - size_t(k) + size_t(j)];
+      }
+    };
+    ep::ag::reduce(group, rp, fill, consume, red_send, red_recv, stats);
+  }
+
+  void combine_a2a(const HandleData& h, const uint16_t* y, CombineOutput& out) {
+    const int k = cfg.num_topk, hd = cfg.hidden;
+    const bool exact = cfg.combine == CombineMode::exact;
+    const int64_t* own_idx = h.topk_idx.data<int64_t>();
+    const Capabilities caps = group.capabilities();
+    std::vector<int64_t> sc(size_t(world), 0), rc(size_t(world), 0);
+    size_t rec;
+    ep::a2a::Lowering lowering = h.plan.lowering;
+    int64_t pad = h.plan.max_split;
+    if (exact) {
+      // One record per (received row, local slot): [w f32 | pad | y bf16 H]; the owner forms the
+      // product, the same fp32 value the expert rank would have sent.
+      rec = ep::align_up(8 + size_t(hd) * 2, ep::kRecordAlign);
+      for (int64_t i = 0; i < h.num_recv; ++i)
+        for (int j = 0; j < k; ++j) sc[size_t(h.recv_src_rank[size_t(i)])] += h.recv_local_idx[size_t(i * k + j)] >= 0;
+      for (int r = 0; r < world; ++r)
+        for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q) {
+          const int64_t t = h.send_tokens[size_t(q)];
+          for (int j = 0; j < k; ++j) rc[size_t(r)] += own_idx[t * k + j] >= 0 && own_idx[t * k + j] / local_experts == r;
+        }
+      // Slot counts are not globally known: v where trusted, else pad to a bound every rank
+      // derives from the split matrix.
+      lowering = caps.all_to_all_v ? ep::a2a::Lowering::v : ep::a2a::Lowering::padded;
+      pad = h.plan.max_split * std::min(k, local_experts);
+      if (lowering == ep::a2a::Lowering::padded && !caps.all_to_all)
+        lowering = ep::a2a::choose_lowering({}, caps);  // throws: nothing trusted
+    } else {
+      // One record per received row: [K weights f32 | partial bf16 H].
+      rec = ep::align_up(size_t(k) * 4 + size_t(hd) * 2, ep::kRecordAlign);
+      for (int r = 0; r < world; ++r) {
+        sc[size_t(r)] = h.plan.send(r, rank);
+        rc[size_t(r)] = h.plan.send(rank, r);
+      }
+    }
+    int64_t n_send = 0, n_recv = 0;
+    for (int r = 0; r < world; ++r) n_send += sc[size_t(r)], n_recv += rc[size_t(r)];
+    if (comb_send.size() < size_t(n_send) * rec) comb_send.resize(size_t(n_send) * rec);
+    if (comb_recv.size() < size_t(n_recv) * rec) comb_recv.resize(size_t(n_recv) * rec);
+    std::memset(comb_send.data(), 0, size_t(n_send) * rec);
+    std::byte* sp = comb_send.data();
+    if (acc.size() < size_t(hd)) acc.resize(size_t(hd));
+    for (int64_t i = 0; i < h.num_recv; ++i) {  // rows are grouped by source rank, ascending
+      if (exact) {
+        for (int j = 0; j < k; ++j) {
+          if (h.recv_local_idx[size_t(i * k + j)] < 0) continue;
+          const float w = canon(h.recv_weights[size_t(i * k + j)]);
+          std::memcpy(sp, &w, 4);
+          std::memcpy(sp + 8, y_row(h, y, i, j), size_t(hd) * 2);
+          sp += rec;
+        }
+      } else {
+        for (int j = 0; j < k; ++j) {
+          const float w = h.recv_local_idx[size_t(i * k + j)] >= 0 ? canon(h.recv_weights[size_t(i * k + j)]) : 0.0f;
+          std::memcpy(sp + size_t(j) * 4, &w, 4);
+        }
+        local_partial(h, y, i, acc.data());
+        auto* dst = reinterpret_cast<uint16_t*>(sp + size_t(k) * 4);
+        for (int c = 0; c < hd; ++c) dst[c] = f32_to_bf16(acc[size_t(c)]).bits;
+        sp += rec;
+      }
+    }
+    log_once(fmt::format("a2a combine ({}) lowering = {}", to_string(cfg.combine), ep::a2a::to_string(lowering)));
+    ep::a2a::exchange(group, lowering, pad, sc, rc, comb_send.data(), comb_recv.data(), rec, scratch, stats);
+
+    uint16_t* ox = out.x.data<uint16_t>();
+    float* ow = out.topk_weights.data<float>();
+    const std::byte* rp = comb_recv.data();
+    if (exact) {
+      slot_ptr.assign(size_t(h.num_tokens) * size_t(k), nullptr);
+      for (int r = 0; r < world; ++r)
+        for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q) {
+          const int64_t t = h.send_tokens[size_t(q)];
+          for (int j = 0; j < k; ++j)
+            if (own_idx[t * k + j] >= 0 && own_idx[t * k + j] / local_experts == r) {
+              slot_ptr[size_t(t * k + j)] = rp;
+              rp += rec;
+            }
+        }
+      for (int64_t t = 0; t < h.num_tokens; ++t) {
+        std::fill_n(acc.data(), hd, 0.0f);
+        for (int j = 0; j < k; ++j) {
+          const std::byte* r = slot_ptr[size_t(t * k + j)];
+          if (!r) continue;
+          float w;
+          std::memcpy(&w, r, 4);
+          const auto* yr = reinterpret_cast<const uint16_t*>(r + 8);
+          for (int c = 0; c < hd; ++c) acc[size_t(c)] += canon(w * bf16_to_f32(bf16{yr[c]}));
+          ow[t * k + j] = w;
+        }
+        for (int c = 0; c < hd; ++c) ox[t * hd + c] = f32_to_bf16(acc[size_t(c)]).bits;
+      }
+    } else {
+      // Partials summed in ascending rank order: rank r's records come before rank r+1's.
+      std::vector<float> tok_acc(size_t(h.num_tokens) * size_t(hd), 0.0f);
+      for (int r = 0; r < world; ++r)
+        for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q, rp += rec) {
+          const int64_t t = h.send_tokens[size_t(q)];
+          const auto* part = reinterpret_cast<const uint16_t*>(rp + size_t(k) * 4);
+          float* a = tok_acc.data() + size_t(t) * size_t(hd);
+          for (int c = 0; c < hd; ++c) a[c] += bf16_to_f32(bf16{part[c]});
+          for (int j = 0; j < k; ++j)
+            if (own_idx[t * k + j] >= 0 && own_idx[t * k + j] / local_experts == r)
+              std::memcpy(&ow[t * k + j], rp + size_t(j) * 4, 4);
+        }
+      for (size_t i = 0; i < tok_acc.size(); ++i) ox[i] = f32_to_bf16(tok_acc[i]).bits;
+    }
+  }
+};
+
+EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_unique<Impl>(group, config)) {
+  Impl& s = *impl_;
+  s.world = group.size();
+  s.rank = group.rank();
+  std::string err;
+  try {
+    config.validate(s.world);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  const int64_t bad = err.empty() ? 0 : 1;
+  if (err.empty()) {
+    s.local_experts = config.num_experts / s.world;
+    s.algo = resolve_ep_algo(config.algo, s.world, config.num_topk, group.capabilities());
+    s.sizes = ep::ep_size_hint(config, s.world);
+  }
+  // One MAX all_reduce of (v, -v) pairs: every rank learns min and max of each field.
+  const std::array<std::pair<const char*, int64_t>, 11> fields{{
+      {"(a rank's config is invalid)", bad},
+      {"num_experts", config.num_experts},
+      {"hidden", config.hidden},
+      {"num_topk", config.num_topk},
+      {"num_max_tokens_per_rank", config.num_max_tokens_per_rank},
+      {"dispatch_dtype", int64_t(config.dispatch_dtype)},
+      {"expert_alignment", config.expert_alignment},
+      {"expand", config.expand},
+      {"algo (resolved)", int64_t(s.algo)},
+      {"combine", int64_t(config.combine)},
+      {"ag_rows/reduce", int64_t(config.ag_rows) * 2 + int64_t(config.reduce)},
+  }};
+  std::array<int64_t, 2 * fields.size()> v{};
+  for (size_t i = 0; i < fields.size(); ++i) {
+    v[2 * i] = fields[i].second;
+    v[2 * i + 1] = -fields[i].second;
+  }
+  group.all_reduce(v.data(), v.size(), DType::i64, ReduceOp::max);
+  if (!err.empty()) DI_FAIL("EPBuffer on rank {}/{}: {}", s.rank, s.world, err);
+  if (v[0] != 0) DI_FAIL("EPBuffer on rank {}/{}: another rank's EPConfig is invalid (see its error)", s.rank, s.world);
+  for (size_t i = 1; i < fields.size(); ++i)
+    if (v[2 * i] != -v[2 * i + 1])
+      DI_FAIL("EPBuffer on rank {}/{}: EPConfig.{} differs across ranks (min {}, max {}); every rank "
+              "must construct the EPBuffer with the same value",
+              s.rank, s.world, fields[i].first, -v[2 * i + 1], v[2 * i]);
+  if (s.rank == 0)
+    log_debug("ep: EPBuffer W={} {} -> algorithm {} on {}", s.world, config.describe(), to_string(s.algo),
+              group.backend());
+  if (config.algo == EpAlgo::automatic)
+    s.log_once(fmt::format("auto -> {} (W={}, K={}, all_to_all_v {})", to_string(s.algo), s.world,
+                           config.num_topk, group.capabilities().all_to_all_v ? "trusted" : "not trusted"));
+}
+
+EPBuffer::~EPBuffer() = default;
+
+DispatchOutput EPBuffer::dispatch(const DispatchInput& in) { return impl_->dispatch(in); }
+DispatchOutput EPBuffer::dispatch(const Tensor& x, const Tensor& scales, const Handle& handle) {
+  return impl_->dispatch_cached(x, scales, handle);
+}
+CombineOutput EPBuffer::combine(const Tensor& y, const Handle& handle) { return impl_->combine(y, handle); }
+const EPConfig& EPBuffer::config() const { return impl_->cfg; }
+int EPBuffer::world_size() const { return impl_->world; }
+EpAlgo EPBuffer::algorithm() const { return impl_->algo; }
+const EpCallStats& EPBuffer::last_stats() const { return impl_->stats; }
+
+}  // namespace deepinfer

@@ -1,0 +1,439 @@
+// cpu: MLA attention. One tiled online-softmax kernel (flash-attention style, fp32) serves all
+// three entry points: a job is (query rows that share their keys, key range); keys come in tiles
+// of 64 rows converted to fp32 once per tile and reused by every row of the job (all heads in the
+// absorbed form: MQA). Long key ranges are split across threads and merged by LSE (FlashMLA's
+// split-KV). Highway SIMD for q.k (4 rows x 2 keys per step) and P.V (4 rows per step).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/attention.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/cpu/ops_b-inl.h"
+
+// Target-independent types: defined once although foreach_target re-includes this file.
+#ifndef DEEPINFER_KERNELS_CPU_ATTENTION_TYPES_
+#define DEEPINFER_KERNELS_CPU_ATTENTION_TYPES_
+namespace deepinfer::kernels::cpu {
+
+constexpr int64_t kKeyTile = 64;  // keys per tile
+constexpr int64_t kRowBlock = 16;  // query rows per job
+
+// Where the keys of one job live. Key t is row t of the sequence: paged (pages != nullptr) or
+// contiguous. Values: the first Dv channels of the key row (shared_kv) or their own rows.
+struct KeySource {
+  const bf16* k = nullptr;
+  int64_t k_stride = 0;  // elements between consecutive key rows (within a page when paged)
+  const bf16* v = nullptr;
+  int64_t v_stride = 0;
+  bool shared_kv = false;          // v is the key row itself (absorbed form)
+  const int32_t* pages = nullptr;  // paged: key t is row t % page_size of page pages[t / page_size]
+  int64_t page_size = 0;
+  const bf16* key(int64_t t) const {
+    return pages ? k + (int64_t(pages[t / page_size]) * page_size + t % page_size) * k_stride : k + t * k_stride;
+  }
+  const bf16* val(int64_t t) const {
+    return pages ? v + (int64_t(pages[t / page_size]) * page_size + t % page_size) * v_stride : v + t * v_stride;
+  }
+};
+
+// One job: rows j in [j0, j1) of a sequence's query block; row j is query i = j / rows_per_query.
+struct AttnJob {
+  const bf16* q = nullptr;  // row j at q + j * q_stride, D channels
+  int64_t q_stride = 0;
+  int64_t j0 = 0, j1 = 0;
+  int64_t rows_per_query = 1;
+  int64_t n_q = 0, n_k = 0;  // the sequence's query and key counts (visibility)
+  int64_t kb = 0, ke = 0;    // key range of this job (a split of [0, n_k))
+  KeySource keys;
+  int64_t D = 0, Dv = 0;
+  float scale = 0;
+  bool causal = true;
+  // Final output (splits == 1): row j -> o + j * o_stride (bf16); lse at lse_index(j) if lse.
+  bf16* o = nullptr;
+  int64_t o_stride = 0;
+  float* lse = nullptr;
+  int64_t lse_base = 0, lse_head_stride = 0, lse_query_stride = 0;
+  // Partial output (splits > 1): row j - j0 -> part_o [rows, Dv] f32 (normalised), part_lse (-inf: none).
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+
+  int64_t visible(int64_t j) const {
+    const int64_t i = j / rows_per_query;
+    return causal ? std::clamp<int64_t>(n_k - n_q + i + 1, 0, n_k) : n_k;
+  }
+  int64_t lse_index(int64_t j) const {
+    return lse_base + (j % rows_per_query) * lse_head_stride + (j / rows_per_query) * lse_query_stride;
+  }
+};
+
+}  // namespace deepinfer::kernels::cpu
+#endif  // DEEPINFER_KERNELS_CPU_ATTENTION_TYPES_
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <class DF>
+HWY_INLINE void bf16_row_to_f32(DF df, const bf16* src, int64_t n, float* dst) {
+  const int64_t N = int64_t(hn::Lanes(df));
+  int64_t c = 0;
+  for (; c + N <= n; c += N) hn::StoreU(load_bf16(df, src + c), df, dst + c);
+  for (; c < n; ++c) dst[c] = bf16_to_f32(src[c]);
+}
+
+template <class DF>
+HWY_INLINE float dot_tail(DF, const float* a, const float* b, int64_t c0, int64_t n) {
+  float s = 0.0f;
+  for (int64_t c = c0; c < n; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// s[r * ld + t] = qf[r] . kf[t] for r < nr, t < nt (D channels).
+template <class DF>
+HWY_INLINE void scores_tile(DF df, const float* qf, int64_t nr, const float* kf, int64_t nt, int64_t D, float* s,
+                            int64_t ld) {
+  const int64_t N = int64_t(hn::Lanes(df)), Dv = D / N * N;
+  int64_t r = 0;
+  for (; r + 4 <= nr; r += 4) {
+    const float* q0 = qf + r * D;
+    const float* q1 = q0 + D;
+    const float* q2 = q1 + D;
+    const float* q3 = q2 + D;
+    int64_t t = 0;
+    for (; t + 2 <= nt; t += 2) {
+      const float* ka = kf + t * D;
+      const float* kb = ka + D;
+      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      auto b0 = hn::Zero(df), b1 = hn::Zero(df), b2 = hn::Zero(df), b3 = hn::Zero(df);
+      for (int64_t c = 0; c < Dv; c += N) {
+        const auto x0 = hn::LoadU(df, q0 + c), x1 = hn::LoadU(df, q1 + c);
+        const auto x2 = hn::LoadU(df, q2 + c), x3 = hn::LoadU(df, q3 + c);
+        const auto ya = hn::LoadU(df, ka + c), yb = hn::LoadU(df, kb + c);
+        a0 = hn::MulAdd(x0, ya, a0);
+        a1 = hn::MulAdd(x1, ya, a1);
+        a2 = hn::MulAdd(x2, ya, a2);
+        a3 = hn::MulAdd(x3, ya, a3);
+        b0 = hn::MulAdd(x0, yb, b0);
+        b1 = hn::MulAdd(x1, yb, b1);
+        b2 = hn::MulAdd(x2, yb, b2);
+        b3 = hn::MulAdd(x3, yb, b3);
+      }
+      s[(r + 0) * ld + t] = hn::GetLane(hn::SumOfLanes(df, a0)) + dot_tail(df, q0, ka, Dv, D);
+      s[(r + 1) * ld + t] = hn::GetLane(hn::SumOfLanes(df, a1)) + dot_tail(df, q1, ka, Dv, D);
+      s[(r + 2) * ld + t] = hn::GetLane(hn::SumOfLanes(df, a2)) + dot_tail(df, q2, ka, Dv, D);
+      s[(r + 3) * ld + t] = hn::GetLane(hn::SumOfLanes(df, a3)) + dot_tail(df, q3, ka, Dv, D);
+      s[(r + 0) * ld + t + 1] = hn::GetLane(hn::SumOfLanes(df, b0)) + dot_tail(df, q0, kb, Dv, D);
+      s[(r + 1) * ld + t + 1] = hn::GetLane(hn::SumOfLanes(df, b1)) + dot_tail(df, q1, kb, Dv, D);
+      s[(r + 2) * ld + t + 1] = hn::GetLane(hn::SumOfLanes(df, b2)) + dot_tail(df, q2, kb, Dv, D);
+      s[(r + 3) * ld + t + 1] = hn::GetLane(hn::SumOfLanes(df, b3)) + dot_tail(df, q3, kb, Dv, D);
+    }
+    for (; t < nt; ++t)
+      for (int64_t i = 0; i < 4; ++i) {
+        const float* qi = qf + (r + i) * D;
+        auto a = hn::Zero(df);
+        for (int64_t c = 0; c < Dv; c += N) a = hn::MulAdd(hn::LoadU(df, qi + c), hn::LoadU(df, kf + t * D + c), a);
+        s[(r + i) * ld + t] = hn::GetLane(hn::SumOfLanes(df, a)) + dot_tail(df, qi, kf + t * D, Dv, D);
+      }
+  }
+  for (; r < nr; ++r)
+    for (int64_t t = 0; t < nt; ++t) {
+      const float* qi = qf + r * D;
+      auto a = hn::Zero(df);
+      for (int64_t c = 0; c < Dv; c += N) a = hn::MulAdd(hn::LoadU(df, qi + c), hn::LoadU(df, kf + t * D + c), a);
+      s[r * ld + t] = hn::GetLane(hn::SumOfLanes(df, a)) + dot_tail(df, qi, kf + t * D, Dv, D);
+    }
+}
+
+// acc[r] += sum_t p[r * ld + t] * vf[t] (Dv channels, vf row stride vs) for r < nr, t < nt.
+template <class DF>
+HWY_INLINE void pv_tile(DF df, const float* p, int64_t ld, int64_t nr, const float* vf, int64_t vs, int64_t nt,
+                        int64_t Dv, float* acc) {
+  const int64_t N = int64_t(hn::Lanes(df)), Dvv = Dv / N * N;
+  int64_t r = 0;
+  for (; r + 4 <= nr; r += 4) {
+    float* o0 = acc + r * Dv;
+    const float* p0 = p + r * ld;
+    for (int64_t c = 0; c < Dvv; c += N) {
+      auto a0 = hn::LoadU(df, o0 + c), a1 = hn::LoadU(df, o0 + Dv + c);
+      auto a2 = hn::LoadU(df, o0 + 2 * Dv + c), a3 = hn::LoadU(df, o0 + 3 * Dv + c);
+      for (int64_t t = 0; t < nt; ++t) {
+        const auto v = hn::LoadU(df, vf + t * vs + c);
+        a0 = hn::MulAdd(hn::Set(df, p0[t]), v, a0);
+        a1 = hn::MulAdd(hn::Set(df, p0[ld + t]), v, a1);
+        a2 = hn::MulAdd(hn::Set(df, p0[2 * ld + t]), v, a2);
+        a3 = hn::MulAdd(hn::Set(df, p0[3 * ld + t]), v, a3);
+      }
+      hn::StoreU(a0, df, o0 + c);
+      hn::StoreU(a1, df, o0 + Dv + c);
+      hn::StoreU(a2, df, o0 + 2 * Dv + c);
+      hn::StoreU(a3, df, o0 + 3 * Dv + c);
+    }
+  }
+  for (; r < nr; ++r)
+    for (int64_t c = 0; c < Dvv; c += N) {
+      auto a = hn::LoadU(df, acc + r * Dv + c);
+      for (int64_t t = 0; t < nt; ++t) a = hn::MulAdd(hn::Set(df, p[r * ld + t]), hn::LoadU(df, vf + t * vs + c), a);
+      hn::StoreU(a, df, acc + r * Dv + c);
+    }
+  for (r = 0; r < nr; ++r)
+    for (int64_t c = Dvv; c < Dv; ++c) {
+      float a = acc[r * Dv + c];
+      for (int64_t t = 0; t < nt; ++t) a += p[r * ld + t] * vf[t * vs + c];
+      acc[r * Dv + c] = a;
+    }
+}
+
+void run_attn_job(const AttnJob& job) {
+  const hn::ScalableTag<float> df;
+  const int64_t D = job.D, Dv = job.Dv, R = job.j1 - job.j0;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> qf(static_cast<size_t>(R * D)), kf(static_cast<size_t>(kKeyTile * D));
+  std::vector<float> vf(job.keys.shared_kv ? 0 : static_cast<size_t>(kKeyTile * Dv));
+  std::vector<float> s(static_cast<size_t>(R * kKeyTile)), acc(static_cast<size_t>(R * Dv), 0.0f);
+  std::vector<float> m(static_cast<size_t>(R), neg_inf), l(static_cast<size_t>(R), 0.0f);
+  std::vector<int64_t> vis(static_cast<size_t>(R));
+  int64_t max_vis = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    bf16_row_to_f32(df, job.q + (job.j0 + r) * job.q_stride, D, qf.data() + r * D);
+    vis[size_t(r)] = std::min(job.visible(job.j0 + r), job.ke);
+    max_vis = std::max(max_vis, vis[size_t(r)]);
+  }
+  for (int64_t k0 = job.kb; k0 < std::min(job.ke, max_vis); k0 += kKeyTile) {
+    const int64_t nt = std::min({kKeyTile, job.ke - k0, max_vis - k0});
+    for (int64_t t = 0; t < nt; ++t) {
+      bf16_row_to_f32(df, job.keys.key(k0 + t), D, kf.data() + t * D);
+      if (!job.keys.shared_kv) bf16_row_to_f32(df, job.keys.val(k0 + t), Dv, vf.data() + t * Dv);
+    }
+    scores_tile(df, qf.data(), R, kf.data(), nt, D, s.data(), kKeyTile);
+    for (int64_t r = 0; r < R; ++r) {
+      float* sr = s.data() + r * kKeyTile;
+      const int64_t n_vis = std::clamp<int64_t>(vis[size_t(r)] - k0, 0, nt);
+      float mt = neg_inf;
+      for (int64_t t = 0; t < n_vis; ++t) mt = std::max(mt, sr[t] *= job.scale);
+      if (n_vis == 0) {
+        std::fill(sr, sr + nt, 0.0f);
+        continue;
+      }
+      const float m_new = std::max(m[size_t(r)], mt);
+      const float corr = std::exp(m[size_t(r)] - m_new);  // exp(-inf) = 0 on the first tile
+      float sum = 0.0f;
+      for (int64_t t = 0; t < n_vis; ++t) sum += (sr[t] = std::exp(sr[t] - m_new));
+      std::fill(sr + n_vis, sr + nt, 0.0f);
+      l[size_t(r)] = l[size_t(r)] * corr + sum;
+      m[size_t(r)] = m_new;
+      if (corr != 1.0f)
+        for (int64_t c = 0; c < Dv; ++c) acc[size_t(r * Dv + c)] *= corr;
+    }
+    if (job.keys.shared_kv)
+      pv_tile(df, s.data(), kKeyTile, R, kf.data(), D, nt, Dv, acc.data());
+    else
+      pv_tile(df, s.data(), kKeyTile, R, vf.data(), Dv, nt, Dv, acc.data());
+  }
+  const int64_t N = int64_t(hn::Lanes(df));
+  for (int64_t r = 0; r < R; ++r) {
+    const float lr = l[size_t(r)];
+    const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+    const float lse = lr > 0.0f ? m[size_t(r)] + std::log(lr) : neg_inf;
+    const float* a = acc.data() + r * Dv;
+    if (job.part_o) {
+      for (int64_t c = 0; c < Dv; ++c) job.part_o[r * Dv + c] = a[c] * inv;
+      job.part_lse[r] = lse;
+      continue;
+    }
+    bf16* o = job.o + (job.j0 + r) * job.o_stride;
+    const auto vinv = hn::Set(df, inv);
+    int64_t c = 0;
+    for (; c + N <= Dv; c += N) store_bf16(df, hn::Mul(hn::LoadU(df, a + c), vinv), o + c);
+    for (; c < Dv; ++c) o[c] = f32_to_bf16(a[c] * inv);
+    if (job.lse) job.lse[job.lse_index(job.j0 + r)] = lr > 0.0f ? lse : std::numeric_limits<float>::infinity();
+  }
+}
+
+}  // namespace deepinfer::kernels::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deepinfer::kernels::cpu {
+
+HWY_EXPORT(run_attn_job);
+
+namespace {
+
+// One sequence's attention problem before it is cut into jobs.
+struct SeqProblem {
+  AttnJob base;    // everything but j0/j1/kb/ke/part_*
+  int64_t rows;    // query rows (queries x rows_per_query)
+};
+
+// Cuts every sequence into row blocks and, where there are too few jobs for the pool, key
+// splits; runs them on kernel_pool() and merges split partials by LSE.
+void run_problems(const std::vector<SeqProblem>& seqs) {
+  ThreadPool& pool = kernel_pool();
+  int64_t blocks = 0, max_keys = 0;
+  for (const auto& sp : seqs) {
+    blocks += (sp.rows + kRowBlock - 1) / kRowBlock;
+    max_keys = std::max(max_keys, sp.base.n_k);
+  }
+  if (blocks == 0) return;
+  const int64_t want = 2 * int64_t(pool.num_threads());
+  int64_t splits = std::clamp<int64_t>((want + blocks - 1) / blocks, 1, std::max<int64_t>(1, max_keys / 256));
+  if (splits > 1) splits = std::min<int64_t>(splits, (max_keys + kKeyTile - 1) / kKeyTile);
+
+  std::vector<AttnJob> jobs;
+  std::vector<std::pair<size_t, size_t>> offsets;  // per job: (part_o, part_lse) offsets, or none
+  constexpr size_t kNone = ~size_t(0);
+  struct PartRef {
+    int64_t j0, j1;
+    size_t first_job;
+    int64_t n_split;
+  };
+  std::vector<PartRef> parts;
+  size_t part_floats = 0, part_rows = 0;
+  for (const auto& sp : seqs) {
+    const int64_t n_split = splits > 1 ? std::clamp<int64_t>((sp.base.n_k + kKeyTile - 1) / kKeyTile, 1, splits) : 1;
+    const int64_t per = (sp.base.n_k + n_split - 1) / n_split;
+    const int64_t per_tiles = (per + kKeyTile - 1) / kKeyTile * kKeyTile;  // splits on tile edges
+    for (int64_t j0 = 0; j0 < sp.rows; j0 += kRowBlock) {
+      const int64_t j1 = std::min(sp.rows, j0 + kRowBlock);
+      if (n_split > 1) parts.push_back({j0, j1, jobs.size(), n_split});
+      for (int64_t sidx = 0; sidx < n_split; ++sidx) {
+        AttnJob job = sp.base;
+        job.j0 = j0;
+        job.j1 = j1;
+        job.kb = n_split > 1 ? std::min(sp.base.n_k, sidx * per_tiles) : 0;
+        job.ke = n_split > 1 ? std::min(sp.base.n_k, (sidx + 1) * per_tiles) : sp.base.n_k;
+        offsets.emplace_back(kNone, kNone);
+        if (n_split > 1) {
+          offsets.back() = {part_floats, part_rows};
+          part_floats += size_t((j1 - j0) * job.Dv);
+          part_rows += size_t(j1 - j0);
+        }
+        jobs.push_back(job);
+      }
+    }
+  }
+  std::vector<float> part_o(part_floats), part_lse(part_rows);
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (offsets[i].first != kNone) {
+      jobs[i].part_o = part_o.data() + offsets[i].first;
+      jobs[i].part_lse = part_lse.data() + offsets[i].second;
+    }
+  pool.parallel_for(int64_t(jobs.size()), 1, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) HWY_DYNAMIC_DISPATCH(run_attn_job)(jobs[size_t(i)]);
+  });
+  // Merge: o = sum_s exp(lse_s - lse) o_s, lse = ln sum_s exp(lse_s); nothing visible -> 0, +inf.
+  pool.parallel_for(int64_t(parts.size()), 1, [&](int64_t a, int64_t b) {
+    for (int64_t pi = a; pi < b; ++pi) {
+      const PartRef& pr = parts[size_t(pi)];
+      const AttnJob& first = jobs[pr.first_job];
+      const int64_t Dv = first.Dv;
+      for (int64_t r = 0; r < pr.j1 - pr.j0; ++r) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t k = 0; k < pr.n_split; ++k) mx = std::max(mx, jobs[pr.first_job + size_t(k)].part_lse[r]);
+        bf16* o = first.o + (pr.j0 + r) * first.o_stride;
+        if (mx == -std::numeric_limits<float>::infinity()) {
+          for (int64_t c = 0; c < Dv; ++c) o[c] = bf16{0};
+          if (first.lse) first.lse[first.lse_index(pr.j0 + r)] = std::numeric_limits<float>::infinity();
+          continue;
+        }
+        float wsum = 0.0f;
+        std::vector<float> w(static_cast<size_t>(pr.n_split));
+        for (int64_t k = 0; k < pr.n_split; ++k)
+          wsum += (w[size_t(k)] = std::exp(jobs[pr.first_job + size_t(k)].part_lse[r] - mx));
+        for (int64_t c = 0; c < Dv; ++c) {
+          float v = 0.0f;
+          for (int64_t k = 0; k < pr.n_split; ++k) v += w[size_t(k)] * jobs[pr.first_job + size_t(k)].part_o[r * Dv + c];
+          o[c] = f32_to_bf16(v / wsum);
+        }
+        if (first.lse) first.lse[first.lse_index(pr.j0 + r)] = mx + std::log(wsum);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void mla_prefill(const MlaPrefillParams& p) {
+  p.validate();
+  const int64_t H = p.num_heads, D = p.head_dim, Dv = p.head_dim_v, Tq = p.total_q();
+  std::vector<SeqProblem> seqs;
+  for (int64_t b = 0; b < p.num_seqs; ++b) {
+    const int64_t q0 = p.cu_seqlens_q[b], nq = p.cu_seqlens_q[b + 1] - q0;
+    const int64_t k0 = p.cu_seqlens_k[b], nk = p.cu_seqlens_k[b + 1] - k0;
+    if (nq == 0) continue;
+    AttnJob base;
+    base.n_q = nq;
+    base.n_k = nk;
+    base.D = D;
+    base.Dv = Dv;
+    base.scale = p.softmax_scale;
+    base.causal = p.causal;
+    if (p.absorbed()) {
+      // All heads of a sequence share the latent rows: one problem, rows (query, head).
+      base.q = p.q + q0 * H * D;
+      base.q_stride = D;
+      base.rows_per_query = H;
+      base.keys = {p.kv + k0 * D, D, p.kv + k0 * D, D, true, nullptr, 0};
+      base.o = p.o + q0 * H * Dv;
+      base.o_stride = Dv;
+      base.lse = p.lse;
+      base.lse_base = q0;
+      base.lse_head_stride = Tq;
+      base.lse_query_stride = 1;
+      seqs.push_back({base, nq * H});
+    } else {
+      // Each head has its own K and V: one problem per head, rows = queries.
+      for (int64_t h = 0; h < H; ++h) {
+        AttnJob hb = base;
+        hb.q = p.q + (q0 * H + h) * D;
+        hb.q_stride = H * D;
+        hb.rows_per_query = 1;
+        hb.keys = {p.k + (k0 * H + h) * D, H * D, p.v + (k0 * H + h) * Dv, H * Dv, false, nullptr, 0};
+        hb.o = p.o + (q0 * H + h) * Dv;
+        hb.o_stride = H * Dv;
+        hb.lse = p.lse;
+        hb.lse_base = h * Tq + q0;
+        hb.lse_head_stride = 0;
+        hb.lse_query_stride = 1;
+        seqs.push_back({hb, nq});
+      }
+    }
+  }
+  run_problems(seqs);
+}
+
+void mla_decode(const MlaDecodeParams& p) {
+  p.validate();
+  const int64_t H = p.num_heads, D = p.head_dim, Dv = p.head_dim_v, S = p.s_q;
+  std::vector<SeqProblem> seqs;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    AttnJob base;
+    base.q = p.q + b * S * H * D;
+    base.q_stride = D;
+    base.rows_per_query = H;
+    base.n_q = S;
+    base.n_k = p.cache_seqlens[b];
+    base.keys = {p.kv_cache, D, p.kv_cache, D, true, p.block_table + b * p.max_pages_per_seq, p.page_size};
+    base.D = D;
+    base.Dv = Dv;
+    base.scale = p.softmax_scale;
+    base.causal = p.causal;
+    base.o = p.o + b * S * H * Dv;
+    base.o_stride = Dv;
+    base.lse = p.lse;
+    base.lse_base = b * H * S;
+    base.lse_head_stride = S;
+    base.lse_query_stride = 1;
+    seqs.push_back({base, S * H});
+  }
+  run_problems(seqs);
+}
+
+}  // namespace deepinfer::kernels::cpu
+#endif

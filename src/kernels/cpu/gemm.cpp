@@ -1,0 +1,324 @@
+// Fast GEMMs: Highway SIMD (runtime dispatch) + kernel_pool(). Same formula as host (DESIGN §2);
+// only the fp32 summation order differs.
+//  - small M (decode, M <= 8): memory-bound. Each weight row is streamed once; 128-wide K blocks
+//    are decoded to f32 in registers and FMA'd with the M activation rows (decoded once); the
+//    per-block partial vector is scaled by s_a·s_w into a vector accumulator, reduced at the end.
+//  - larger M (prefill): compute-bound. Work items of (128 output columns, MC rows); per K block the
+//    item decodes its 128×128 weight tile into a packed f32 panel and runs an MR×NR FMA
+//    microkernel over pre-packed f32 activations; the block's partial tile is scaled into an f32
+//    accumulator tile. Weights stay fp8 in memory; decoding is exact, so results are unchanged.
+// bf16 GEMM uses the same kernels with a bf16 decoder and unit scales.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/fp8_simd-inl.h"
+#include "kernels/gemm.h"
+
+#ifndef DEEPINFER_CPU_GEMM_ONCE
+#define DEEPINFER_CPU_GEMM_ONCE
+namespace deepinfer::kernels::cpu {
+// One GEMM on one weight matrix, in the element type of W/A (fp8 or bf16).
+struct GemmArgs {
+  const void* a;            // [m, k] e4m3 or bf16
+  const float* a_scales;    // [m, kb] or null (bf16: unit scales)
+  const void* w;            // [n, k]
+  const float* w_scales;    // [nb, kb] or null
+  bf16* out;                // [m, n] or null
+  float* out_f32;           // [m, n] or null
+  int64_t m, n, k;
+  bool bf16_inputs;
+};
+constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
+}  // namespace deepinfer::kernels::cpu
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Decodes one vector of inputs (Lanes(DF) elements) of either type.
+template <bool kBf16>
+HWY_INLINE VF DecodeVec(DF df, const void* base, int64_t i) {
+  if constexpr (kBf16) return DecodeBf16(df, static_cast<const uint16_t*>(base) + i);
+  else return DecodeE4m3(df, static_cast<const uint8_t*>(base) + i);
+}
+
+// Decodes n elements to f32 (exact), vector body + scalar tail.
+template <bool kBf16>
+void DecodeRow(const void* src, float* HWY_RESTRICT dst, int64_t n) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(DecodeVec<kBf16>(df, src, i), df, dst + i);
+  for (; i < n; ++i)
+    dst[i] = kBf16 ? bf16_to_f32(static_cast<const bf16*>(src)[i]) : e4m3_to_f32(static_cast<const fp8_e4m3*>(src)[i]);
+}
+
+void Store(const GemmArgs& g, int64_t r, int64_t j, float v) {
+  if (g.out) g.out[r * g.n + j] = f32_to_bf16(v);
+  else g.out_f32[r * g.n + j] = v;
+}
+
+// ---- small M: stream the weights once ---------------------------------------------------------
+
+template <int MM, bool kBf16>
+void SmallMRange(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), K = g.k, kbs = num_blocks(K);
+  const size_t esize = kBf16 ? 2 : 1;
+  HWY_ALIGN uint8_t tail_bytes[2 * HWY_MAX_BYTES / 4 * 2] = {};  // one zero-padded vector of W
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* wrow = static_cast<const uint8_t*>(g.w) + size_t(j * K) * esize;
+    VF acc[MM];
+    for (int r = 0; r < MM; ++r) acc[r] = hn::Zero(df);
+    for (int64_t kb = 0; kb < kbs; ++kb) {
+      const int64_t k0 = kb * kQuantBlock, klen = std::min(kQuantBlock, K - k0);
+      VF p0[MM], p1[MM];  // two chains per row: FMA latency
+      for (int r = 0; r < MM; ++r) p0[r] = p1[r] = hn::Zero(df);
+      int64_t kk = 0;
+      for (; kk + 2 * L <= klen; kk += 2 * L) {
+        const VF w0 = DecodeVec<kBf16>(df, wrow, k0 + kk);
+        const VF w1 = DecodeVec<kBf16>(df, wrow, k0 + kk + L);
+        for (int r = 0; r < MM; ++r) {
+          p0[r] = hn::MulAdd(hn::LoadU(df, af + r * K + k0 + kk), w0, p0[r]);
+          p1[r] = hn::MulAdd(hn::LoadU(df, af + r * K + k0 + kk + L), w1, p1[r]);
+        }
+      }
+      for (; kk < klen; kk += L) {
+        const int64_t cnt = std::min(L, klen - kk);
+        VF w0;
+        if (cnt == L) {
+          w0 = DecodeVec<kBf16>(df, wrow, k0 + kk);
+        } else {  // K edge: zero-padded copy (the activations past the edge are finite, times 0)
+          std::memset(tail_bytes, 0, sizeof(tail_bytes));
+          std::memcpy(tail_bytes, wrow + size_t(k0 + kk) * esize, size_t(cnt) * esize);
+          w0 = DecodeVec<kBf16>(df, tail_bytes, 0);
+        }
+        for (int r = 0; r < MM; ++r) p0[r] = hn::MulAdd(hn::LoadU(df, af + r * K + k0 + kk), w0, p0[r]);
+      }
+      const float sw = g.w_scales ? g.w_scales[(j / kQuantBlock) * kbs + kb] : 1.0f;
+      for (int r = 0; r < MM; ++r) {
+        const float s = g.a_scales ? g.a_scales[r * kbs + kb] * sw : 1.0f;
+        acc[r] = hn::MulAdd(hn::Add(p0[r], p1[r]), hn::Set(df, s), acc[r]);
+      }
+    }
+    for (int r = 0; r < MM; ++r) Store(g, r, j, hn::GetLane(hn::SumOfLanes(df, acc[r])));
+  }
+}
+
+template <bool kBf16>
+void SmallM(const GemmArgs& g) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  // Activations decoded once, padded by one vector so K-edge loads stay in bounds.
+  std::vector<float> af(size_t(g.m * g.k + L), 0.0f);
+  DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
+  auto body = [&](int64_t j0, int64_t j1) {
+    switch (g.m) {
+      case 1: SmallMRange<1, kBf16>(g, af.data(), j0, j1); break;
+      case 2: SmallMRange<2, kBf16>(g, af.data(), j0, j1); break;
+      case 3: SmallMRange<3, kBf16>(g, af.data(), j0, j1); break;
+      case 4: SmallMRange<4, kBf16>(g, af.data(), j0, j1); break;
+      case 5: SmallMRange<5, kBf16>(g, af.data(), j0, j1); break;
+      case 6: SmallMRange<6, kBf16>(g, af.data(), j0, j1); break;
+      case 7: SmallMRange<7, kBf16>(g, af.data(), j0, j1); break;
+      default: SmallMRange<8, kBf16>(g, af.data(), j0, j1); break;
+    }
+  };
+  // Enough columns per task to amortise the dispatch; ~4 tasks per thread for balance.
+  const int64_t threads = kernel_pool().num_threads();
+  const int64_t grain = std::max<int64_t>(16, g.n / (4 * threads));
+  kernel_pool().parallel_for(g.n, grain, body);
+}
+
+// ---- large M: packed panels and an MR×NR microkernel -------------------------------------------
+
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kMR = 8;  // 32 vector registers: 16 accumulators
+#else
+constexpr int kMR = 4;  // 16 vector registers: 8 accumulators
+#endif
+constexpr int kNV = 2;                 // NR = kNV vectors
+constexpr int64_t kNC = kQuantBlock;   // columns per work item: one weight-scale block
+
+// partial[MR][NR] = Σ_kk a[kk][r] · w[kk][c] over klen; a: [klen][MR], w: [klen][NR].
+HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, const float* HWY_RESTRICT w, int64_t klen,
+                            VF (&c)[kMR][kNV]) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int r = 0; r < kMR; ++r)
+    for (int v = 0; v < kNV; ++v) c[r][v] = hn::Zero(df);
+  for (int64_t kk = 0; kk < klen; ++kk) {
+    const VF w0 = hn::Load(df, w + kk * kNV * L);
+    const VF w1 = hn::Load(df, w + kk * kNV * L + L);
+    for (int r = 0; r < kMR; ++r) {
+      const VF ar = hn::Set(df, a[kk * kMR + r]);
+      c[r][0] = hn::MulAdd(ar, w0, c[r][0]);
+      c[r][1] = hn::MulAdd(ar, w1, c[r][1]);
+    }
+  }
+}
+
+template <bool kBf16>
+void LargeM(const GemmArgs& g) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), NR = kNV * L, K = g.k, kbs = num_blocks(K);
+  const int64_t m_tiles = (g.m + kMR - 1) / kMR;
+  ThreadPool& pool = kernel_pool();
+
+  // Activations decoded and packed once: [m_tile][kb][kk < 128][kMR] f32, rows past M zero.
+  const int64_t panel = kQuantBlock * kMR;
+  hwy::AlignedFreeUniquePtr<float[]> ap = hwy::AllocateAligned<float>(size_t(m_tiles * kbs * panel));
+  pool.parallel_for(m_tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> row(size_t(K) + size_t(L));
+    for (int64_t t = t0; t < t1; ++t) {
+      float* dst = ap.get() + t * kbs * panel;
+      std::fill(dst, dst + kbs * panel, 0.0f);
+      for (int r = 0; r < kMR; ++r) {
+        const int64_t m = t * kMR + r;
+        if (m >= g.m) break;
+        const size_t esize = kBf16 ? 2 : 1;
+        DecodeRow<kBf16>(static_cast<const uint8_t*>(g.a) + size_t(m * K) * esize, row.data(), K);
+        for (int64_t kk = 0; kk < K; ++kk) dst[(kk / kQuantBlock) * panel + (kk % kQuantBlock) * kMR + r] = row[size_t(kk)];
+      }
+    }
+  });
+
+  // Work items: (column block of kNC, row chunk of mc rows); split rows when columns are few.
+  const int64_t n_blocks = (g.n + kNC - 1) / kNC;
+  const int64_t want = 3 * int64_t(pool.num_threads());
+  const int64_t m_chunks = std::clamp<int64_t>((want + n_blocks - 1) / n_blocks, 1, m_tiles);
+  const int64_t tiles_per_chunk = (m_tiles + m_chunks - 1) / m_chunks;
+  const int64_t items = n_blocks * m_chunks;
+
+  pool.parallel_for(items, 1, [&](int64_t i0, int64_t i1) {
+    const int64_t n_panels = (kNC + NR - 1) / NR;
+    hwy::AlignedFreeUniquePtr<float[]> wp = hwy::AllocateAligned<float>(size_t(n_panels * kQuantBlock * NR));
+    hwy::AlignedFreeUniquePtr<float[]> acc = hwy::AllocateAligned<float>(size_t(tiles_per_chunk * kMR * kNC));
+    std::vector<float> row(size_t(kQuantBlock) + size_t(L));
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t nb = item % n_blocks, mc = item / n_blocks;
+      const int64_t n0 = nb * kNC, nc = std::min(kNC, g.n - n0);
+      const int64_t t0 = mc * tiles_per_chunk, t1 = std::min(m_tiles, t0 + tiles_per_chunk);
+      if (t0 >= t1) continue;
+      std::fill(acc.get(), acc.get() + (t1 - t0) * kMR * kNC, 0.0f);
+      for (int64_t kb = 0; kb < kbs; ++kb) {
+        const int64_t k0 = kb * kQuantBlock, klen = std::min(kQuantBlock, K - k0);
+        // Pack W[n0:n0+nc, k0:k0+klen] as [panel][kk][NR] f32; columns past nc are zero.
+        std::fill(wp.get(), wp.get() + n_panels * kQuantBlock * NR, 0.0f);
+        const size_t esize = kBf16 ? 2 : 1;
+        for (int64_t j = 0; j < nc; ++j) {
+          DecodeRow<kBf16>(static_cast<const uint8_t*>(g.w) + size_t((n0 + j) * K + k0) * esize, row.data(), klen);
+          float* dst = wp.get() + (j / NR) * kQuantBlock * NR + (j % NR);
+          for (int64_t kk = 0; kk < klen; ++kk) dst[kk * NR] = row[size_t(kk)];
+        }
+        const float sw = g.w_scales ? g.w_scales[nb * kbs + kb] : 1.0f;
+        for (int64_t t = t0; t < t1; ++t) {
+          const float* a = ap.get() + (t * kbs + kb) * panel;
+          float sa[kMR];
+          for (int r = 0; r < kMR; ++r) {
+            const int64_t m = t * kMR + r;
+            sa[r] = m >= g.m ? 0.0f : (g.a_scales ? g.a_scales[m * kbs + kb] * sw : 1.0f);
+          }
+          for (int64_t pnl = 0; pnl < n_panels; ++pnl) {
+            VF c[kMR][kNV];
+            MicroKernel(a, wp.get() + pnl * kQuantBlock * NR, klen, c);
+            float* at = acc.get() + (t - t0) * kMR * kNC + pnl * NR;
+            for (int r = 0; r < kMR; ++r)
+              for (int v = 0; v < kNV; ++v) {
+                float* p = at + r * kNC + v * L;
+                hn::StoreU(hn::MulAdd(c[r][v], hn::Set(df, sa[r]), hn::LoadU(df, p)), df, p);
+              }
+          }
+        }
+      }
+      for (int64_t t = t0; t < t1; ++t)
+        for (int r = 0; r < kMR; ++r) {
+          const int64_t m = t * kMR + r;
+          if (m >= g.m) break;
+          const float* at = acc.get() + ((t - t0) * kMR + r) * kNC;
+          for (int64_t j = 0; j < nc; ++j) Store(g, m, n0 + j, at[j]);
+        }
+    }
+  });
+}
+
+void Gemm(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);
+    return;
+  }
+  if (g.m <= kSmallM) {
+    if (g.bf16_inputs) SmallM<true>(g);
+    else SmallM<false>(g);
+  } else {
+    if (g.bf16_inputs) LargeM<true>(g);
+    else LargeM<false>(g);
+  }
+}
+
+}  // namespace deepinfer::kernels::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deepinfer::kernels::cpu {
+
+HWY_EXPORT(Gemm);
+
+namespace {
+void run(const GemmArgs& g) { HWY_DYNAMIC_DISPATCH(Gemm)(g); }
+
+void zero_rows(bf16* out, int64_t rows, int64_t n) {
+  if (rows > 0) std::fill(out, out + rows * n, bf16{0});
+}
+}  // namespace
+
+void gemm_fp8(const GemmFp8Params& p) {
+  run({p.a, p.a_scales, p.w, p.w_scales, p.out, p.out_f32, p.m, p.n, p.k, false});
+}
+
+void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p) {
+  const int64_t kbs = num_blocks(p.k), w_scale_count = num_blocks(p.n) * kbs;
+  // One dense GEMM per run of rows with the same expert; padding rows are zeroed.
+  int64_t r = 0;
+  while (r < p.m) {
+    const int32_t e = p.m_indices[r];
+    int64_t end = r + 1;
+    while (end < p.m && p.m_indices[end] == e) ++end;
+    if (e < 0) {
+      zero_rows(p.out + r * p.n, end - r, p.n);
+    } else {
+      run({p.a + r * p.k, p.a_scales + r * kbs, p.w + e * p.n * p.k, p.w_scales + e * w_scale_count,
+           p.out + r * p.n, nullptr, end - r, p.n, p.k, false});
+    }
+    r = end;
+  }
+}
+
+void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p) {
+  const int64_t kbs = num_blocks(p.k), w_scale_count = num_blocks(p.n) * kbs;
+  for (int64_t e = 0; e < p.num_experts; ++e) {
+    const int64_t rows = p.masked_m[e], base = e * p.max_m;
+    run({p.a + base * p.k, p.a_scales + base * kbs, p.w + e * p.n * p.k, p.w_scales + e * w_scale_count,
+         p.out + base * p.n, nullptr, rows, p.n, p.k, false});
+    zero_rows(p.out + (base + rows) * p.n, p.max_m - rows, p.n);
+  }
+}
+
+void gemm_bf16(const GemmBf16Params& p) {
+  run({p.a, nullptr, p.w, nullptr, p.out, p.out_f32, p.m, p.n, p.k, true});
+}
+
+}  // namespace deepinfer::kernels::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,79 @@
+// Dispatchers and argument checks for the GEMMs.
+#include "kernels/gemm.h"
+
+namespace deepinfer::kernels {
+
+namespace {
+void check_sizes(const char* op, int64_t m, int64_t n, int64_t k) {
+  DI_CHECK(m >= 0 && n >= 0 && k >= 0, "{}: negative size m={} n={} k={}", op, m, n, k);
+}
+void check_one_out(const char* op, const void* out, const void* out_f32) {
+  DI_CHECK((out == nullptr) != (out_f32 == nullptr),
+           "{}: set exactly one of `out` (bf16) and `out_f32` (f32 logits)", op);
+}
+}  // namespace
+
+void validate(const GemmFp8Params& p) {
+  check_sizes("gemm_fp8", p.m, p.n, p.k);
+  check_one_out("gemm_fp8", p.out, p.out_f32);
+  if (p.m * p.k != 0) DI_CHECK(p.a && p.a_scales, "gemm_fp8: `a` or `a_scales` is null");
+  if (p.n * p.k != 0) DI_CHECK(p.w && p.w_scales, "gemm_fp8: `w` or `w_scales` is null");
+}
+
+void validate(const GemmFp8GroupedContiguousParams& p) {
+  check_sizes("gemm_fp8_grouped_contiguous", p.m, p.n, p.k);
+  DI_CHECK(p.num_experts >= 0, "gemm_fp8_grouped_contiguous: num_experts = {}", p.num_experts);
+  DI_CHECK(p.out != nullptr || p.m * p.n == 0, "gemm_fp8_grouped_contiguous: `out` is null");
+  if (p.m == 0) return;
+  DI_CHECK(p.a && p.a_scales && p.m_indices, "gemm_fp8_grouped_contiguous: a/a_scales/m_indices null");
+  DI_CHECK(p.w && p.w_scales, "gemm_fp8_grouped_contiguous: `w` or `w_scales` is null");
+  for (int64_t r = 0; r < p.m; ++r) {
+    const int32_t e = p.m_indices[r];
+    DI_CHECK(e >= -1 && e < p.num_experts,
+             "gemm_fp8_grouped_contiguous: m_indices[{}] = {} is outside [-1, {}) (use -1 for padding rows)",
+             r, e, p.num_experts);
+  }
+}
+
+void validate(const GemmFp8GroupedMaskedParams& p) {
+  check_sizes("gemm_fp8_grouped_masked", p.max_m, p.n, p.k);
+  DI_CHECK(p.num_experts >= 0, "gemm_fp8_grouped_masked: num_experts = {}", p.num_experts);
+  const int64_t rows = p.num_experts * p.max_m;
+  DI_CHECK(p.out != nullptr || rows * p.n == 0, "gemm_fp8_grouped_masked: `out` is null");
+  if (p.num_experts == 0) return;
+  DI_CHECK(p.masked_m, "gemm_fp8_grouped_masked: `masked_m` is null");
+  for (int64_t e = 0; e < p.num_experts; ++e)
+    DI_CHECK(p.masked_m[e] >= 0 && p.masked_m[e] <= p.max_m,
+             "gemm_fp8_grouped_masked: masked_m[{}] = {} is outside [0, max_m = {}]", e, p.masked_m[e], p.max_m);
+  if (rows * p.k != 0) DI_CHECK(p.a && p.a_scales, "gemm_fp8_grouped_masked: `a` or `a_scales` is null");
+  if (p.n * p.k != 0) DI_CHECK(p.w && p.w_scales, "gemm_fp8_grouped_masked: `w` or `w_scales` is null");
+}
+
+void validate(const GemmBf16Params& p) {
+  check_sizes("gemm_bf16", p.m, p.n, p.k);
+  check_one_out("gemm_bf16", p.out, p.out_f32);
+  if (p.m * p.k != 0) DI_CHECK(p.a, "gemm_bf16: `a` is null");
+  if (p.n * p.k != 0) DI_CHECK(p.w, "gemm_bf16: `w` is null");
+}
+
+void gemm_fp8(const GemmFp8Params& p) {
+  validate(p);
+  dispatch(p, host::gemm_fp8, cpu::gemm_fp8);
+}
+
+void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p) {
+  validate(p);
+  dispatch(p, host::gemm_fp8_grouped_contiguous, cpu::gemm_fp8_grouped_contiguous);
+}
+
+void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p) {
+  validate(p);
+  dispatch(p, host::gemm_fp8_grouped_masked, cpu::gemm_fp8_grouped_masked);
+}
+
+void gemm_bf16(const GemmBf16Params& p) {
+  validate(p);
+  dispatch(p, host::gemm_bf16, cpu::gemm_bf16);
+}
+
+}  // namespace deepinfer::kernels

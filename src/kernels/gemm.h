@@ -1,0 +1,156 @@
+// GEMMs, all "NT" (out = A·Wᵀ, W stored [N, K] as in the checkpoint), DESIGN §2:
+//  - fp8 block-scaled (DeepGEMM semantics): for each 128-wide K block kb, the integer-exact e4m3
+//    products are summed in fp32 (partial), then acc += partial · s_a[m, kb] · s_w[n/128, kb] in
+//    fp32; the output is rounded once (bf16) or kept (f32, for logits). Edge blocks in N and K are
+//    partial. Backends may sum a block's products in a different order (fp32 rounding only).
+//  - grouped-contiguous: rows sorted by expert (any segment lengths; DeepGEMM's per-expert
+//    alignment is only a performance hint here), per-row expert id, −1 = padding row: its output
+//    row is written as zeros.
+//  - grouped-masked: A [E, max_m, K], masked_m[e] valid rows; rows >= masked_m[e] are written as
+//    zeros (DeepGEMM leaves them undefined; zeros keep every output element defined).
+//  - bf16: bf16 × bf16 products summed in fp32, output rounded once (or f32).
+// Every GEMM writes exactly one of `out` (bf16) or `out_f32` (f32): set one, leave the other null.
+#pragma once
+
+#include <deepinfer/dtype.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/quant.h"
+#include "kernels/registry.h"
+
+namespace deepinfer::kernels {
+
+struct GemmFp8Params {
+  const fp8_e4m3* a = nullptr;      // [m, k]
+  const float* a_scales = nullptr;  // [m, num_blocks(k)]
+  const fp8_e4m3* w = nullptr;      // [n, k]
+  const float* w_scales = nullptr;  // [num_blocks(n), num_blocks(k)]
+  bf16* out = nullptr;              // [m, n] or null
+  float* out_f32 = nullptr;         // [m, n] or null
+  int64_t m = 0, n = 0, k = 0;
+};
+
+struct GemmFp8GroupedContiguousParams {
+  const fp8_e4m3* a = nullptr;       // [m, k] rows sorted by expert
+  const float* a_scales = nullptr;   // [m, num_blocks(k)]
+  const fp8_e4m3* w = nullptr;       // [num_experts, n, k]
+  const float* w_scales = nullptr;   // [num_experts, num_blocks(n), num_blocks(k)]
+  const int32_t* m_indices = nullptr;  // [m] expert of each row in [0, num_experts), or −1 (padding)
+  bf16* out = nullptr;               // [m, n]; padding rows zeroed
+  int64_t m = 0, n = 0, k = 0, num_experts = 0;
+};
+
+struct GemmFp8GroupedMaskedParams {
+  const fp8_e4m3* a = nullptr;       // [num_experts, max_m, k]
+  const float* a_scales = nullptr;   // [num_experts, max_m, num_blocks(k)]
+  const fp8_e4m3* w = nullptr;       // [num_experts, n, k]
+  const float* w_scales = nullptr;   // [num_experts, num_blocks(n), num_blocks(k)]
+  const int32_t* masked_m = nullptr;  // [num_experts] valid rows, each in [0, max_m]
+  bf16* out = nullptr;               // [num_experts, max_m, n]; rows >= masked_m[e] zeroed
+  int64_t num_experts = 0, max_m = 0, n = 0, k = 0;
+};
+
+struct GemmBf16Params {
+  const bf16* a = nullptr;   // [m, k]
+  const bf16* w = nullptr;   // [n, k]
+  bf16* out = nullptr;       // [m, n] or null
+  float* out_f32 = nullptr;  // [m, n] or null
+  int64_t m = 0, n = 0, k = 0;
+};
+
+void gemm_fp8(const GemmFp8Params& p);
+void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p);
+void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p);
+void gemm_bf16(const GemmBf16Params& p);
+
+namespace host {
+void gemm_fp8(const GemmFp8Params& p);
+void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p);
+void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p);
+void gemm_bf16(const GemmBf16Params& p);
+}  // namespace host
+
+namespace cpu {
+void gemm_fp8(const GemmFp8Params& p);
+void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p);
+void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p);
+void gemm_bf16(const GemmBf16Params& p);
+}  // namespace cpu
+
+// Checks sizes and pointers; throws Error naming the op and the bad field.
+void validate(const GemmFp8Params& p);
+void validate(const GemmFp8GroupedContiguousParams& p);
+void validate(const GemmFp8GroupedMaskedParams& p);
+void validate(const GemmBf16Params& p);
+
+template <>
+struct OpSpec<GemmFp8Params> {
+  static constexpr const char* name = "gemm_fp8";
+  static std::string shape(const GemmFp8Params& p) {
+    return fmt::format("m={} n={} k={}{}", p.m, p.n, p.k, p.out_f32 ? " f32" : "");
+  }
+  template <class V>
+  static void visit(GemmFp8Params& p, V& v) {
+    v.in("a", p.a, p.m * p.k);
+    v.in("a_scales", p.a_scales, p.m * num_blocks(p.k));
+    v.in("w", p.w, p.n * p.k);
+    v.in("w_scales", p.w_scales, num_blocks(p.n) * num_blocks(p.k));
+    v.out("out", p.out, p.m * p.n);
+    v.out("out_f32", p.out_f32, p.m * p.n);
+  }
+};
+
+template <>
+struct OpSpec<GemmFp8GroupedContiguousParams> {
+  static constexpr const char* name = "gemm_fp8_grouped_contiguous";
+  static std::string shape(const GemmFp8GroupedContiguousParams& p) {
+    return fmt::format("m={} n={} k={} experts={}", p.m, p.n, p.k, p.num_experts);
+  }
+  template <class V>
+  static void visit(GemmFp8GroupedContiguousParams& p, V& v) {
+    v.in("a", p.a, p.m * p.k);
+    v.in("a_scales", p.a_scales, p.m * num_blocks(p.k));
+    v.in("w", p.w, p.num_experts * p.n * p.k);
+    v.in("w_scales", p.w_scales, p.num_experts * num_blocks(p.n) * num_blocks(p.k));
+    v.in("m_indices", p.m_indices, p.m);
+    v.out("out", p.out, p.m * p.n);
+  }
+};
+
+template <>
+struct OpSpec<GemmFp8GroupedMaskedParams> {
+  static constexpr const char* name = "gemm_fp8_grouped_masked";
+  static std::string shape(const GemmFp8GroupedMaskedParams& p) {
+    return fmt::format("experts={} max_m={} n={} k={}", p.num_experts, p.max_m, p.n, p.k);
+  }
+  template <class V>
+  static void visit(GemmFp8GroupedMaskedParams& p, V& v) {
+    const int64_t rows = p.num_experts * p.max_m;
+    v.in("a", p.a, rows * p.k);
+    v.in("a_scales", p.a_scales, rows * num_blocks(p.k));
+    v.in("w", p.w, p.num_experts * p.n * p.k);
+    v.in("w_scales", p.w_scales, p.num_experts * num_blocks(p.n) * num_blocks(p.k));
+    v.in("masked_m", p.masked_m, p.num_experts);
+    v.out("out", p.out, rows * p.n);
+  }
+};
+
+template <>
+struct OpSpec<GemmBf16Params> {
+  static constexpr const char* name = "gemm_bf16";
+  static std::string shape(const GemmBf16Params& p) {
+    return fmt::format("m={} n={} k={}{}", p.m, p.n, p.k, p.out_f32 ? " f32" : "");
+  }
+  template <class V>
+  static void visit(GemmBf16Params& p, V& v) {
+    v.in("a", p.a, p.m * p.k);
+    v.in("w", p.w, p.n * p.k);
+    v.out("out", p.out, p.m * p.n);
+    v.out("out_f32", p.out_f32, p.m * p.n);
+  }
+};
+
+}  // namespace deepinfer::kernels

@@ -1,0 +1,74 @@
+#include "kernels/recorder.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "kernels/registry.h"
+
+namespace deepinfer::kernels {
+
+namespace {
+thread_local std::string t_tag;
+std::atomic<Recorder*> g_recorder{nullptr};
+}  // namespace
+
+KernelTag::KernelTag(std::string_view name) : saved_size_(t_tag.size()) {
+  if (!t_tag.empty()) t_tag += '.';
+  t_tag += name;
+}
+KernelTag::~KernelTag() { t_tag.resize(saved_size_); }
+
+std::string_view current_kernel_tag() { return t_tag; }
+
+ScopedRecorder::ScopedRecorder(Recorder* r) : saved_(g_recorder.exchange(r)) {}
+ScopedRecorder::~ScopedRecorder() { g_recorder.store(saved_); }
+
+Recorder* active_recorder() { return g_recorder.load(std::memory_order_acquire); }
+
+namespace detail {
+
+void record_call(Recorder& rec, const char* op, uint64_t index, std::string shape,
+                 KernelBackend backend, const std::vector<BufferSlot>& slots,
+                 const std::function<void()>& run,
+                 std::function<void(const std::vector<void*>&)> run_host_at) {
+  // Copies of everything the op reads, taken before it runs (in-place buffers change).
+  auto snapshots = std::make_shared<std::vector<Tensor>>();
+  std::vector<CallBuffer> inputs, outputs;
+  for (const auto& s : slots) {
+    if (s.role == BufferRole::out) {
+      snapshots->emplace_back();
+      continue;
+    }
+    Tensor t = Tensor::empty(s.dtype, {s.numel});
+    if (s.numel) std::memcpy(t.raw(), s.ptr, size_t(s.numel) * dtype_size(s.dtype));
+    inputs.push_back({s.name, s.dtype, s.numel, t.raw()});
+    snapshots->push_back(std::move(t));
+  }
+  run();
+  for (const auto& s : slots)
+    if (s.role != BufferRole::in) outputs.push_back({s.name, s.dtype, s.numel, s.ptr});
+
+  KernelCall call{op, current_kernel_tag(), index, std::move(shape), backend, inputs, outputs, {}};
+  call.replay_on_host = [snapshots, slots, run_host_at = std::move(run_host_at)]() {
+    std::vector<void*> ptrs;
+    std::vector<Tensor> results;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const auto& s = slots[i];
+      if (s.role == BufferRole::in) {
+        ptrs.push_back((*snapshots)[i].raw());
+      } else {
+        // out: fresh buffer; inout: a copy of the pre-call value so the snapshot stays intact.
+        Tensor t = s.role == BufferRole::inout ? (*snapshots)[i].clone() : Tensor::empty(s.dtype, {s.numel});
+        ptrs.push_back(t.raw());
+        results.push_back(std::move(t));
+      }
+    }
+    ScopedBackend use(KernelBackend::host);
+    run_host_at(ptrs);
+    return results;
+  };
+  rec.on_call(call);
+}
+
+}  // namespace detail
+}  // namespace deepinfer::kernels

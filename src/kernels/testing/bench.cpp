@@ -1,0 +1,150 @@
+// Bench helpers: timing, the measured limits (memcpy bandwidth, fp32 FMA peak), JSON output,
+// and the sub-bench registry.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/testing/bench.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::kernels::testing::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Runs `iters` rounds of 12 independent FMA chains (enough to cover FMA latency × ports);
+// returns the flops done (2 per lane per FMA) and writes a sum so nothing is optimised away.
+double FmaLoop(int64_t iters, float* sink) {
+  const hn::ScalableTag<float> d;
+  const auto m = hn::Set(d, 0.999999f), c = hn::Set(d, 1e-7f);
+  auto a0 = hn::Set(d, 1.0f), a1 = hn::Set(d, 1.1f), a2 = hn::Set(d, 1.2f), a3 = hn::Set(d, 1.3f);
+  auto a4 = hn::Set(d, 1.4f), a5 = hn::Set(d, 1.5f), a6 = hn::Set(d, 1.6f), a7 = hn::Set(d, 1.7f);
+  auto a8 = hn::Set(d, 1.8f), a9 = hn::Set(d, 1.9f), a10 = hn::Set(d, 2.0f), a11 = hn::Set(d, 2.1f);
+  for (int64_t i = 0; i < iters; ++i) {
+    a0 = hn::MulAdd(a0, m, c); a1 = hn::MulAdd(a1, m, c); a2 = hn::MulAdd(a2, m, c);
+    a3 = hn::MulAdd(a3, m, c); a4 = hn::MulAdd(a4, m, c); a5 = hn::MulAdd(a5, m, c);
+    a6 = hn::MulAdd(a6, m, c); a7 = hn::MulAdd(a7, m, c); a8 = hn::MulAdd(a8, m, c);
+    a9 = hn::MulAdd(a9, m, c); a10 = hn::MulAdd(a10, m, c); a11 = hn::MulAdd(a11, m, c);
+  }
+  auto s = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  s = hn::Add(s, hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
+  *sink += hn::GetLane(hn::SumOfLanes(d, s));
+  return double(iters) * 12.0 * double(hn::Lanes(d)) * 2.0;
+}
+
+}  // namespace deepinfer::kernels::testing::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "kernels/testing/bench.h"
+
+namespace deepinfer::kernels::testing {
+
+HWY_EXPORT(FmaLoop);
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<std::pair<std::string, BenchFn>>& bench_registry() {
+  static std::vector<std::pair<std::string, BenchFn>> r;
+  return r;
+}
+}  // namespace
+
+double BenchContext::time(const std::function<void()>& fn, int reps, double min_seconds) {
+  auto t0 = Clock::now();
+  fn();  // warm-up (page faults, caches, pool start)
+  const double first = std::max(seconds_since(t0), 1e-9);
+  const int n = std::clamp(int(min_seconds / first), reps, 200);
+  std::vector<double> ts;
+  for (int i = 0; i < n; ++i) {
+    t0 = Clock::now();
+    fn();
+    ts.push_back(seconds_since(t0));
+  }
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+double BenchContext::memcpy_gbps(size_t bytes) {
+  auto it = memcpy_cache.find(bytes);
+  if (it != memcpy_cache.end()) return it->second;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  const int64_t chunks = std::max(1, pool ? pool->num_threads() : 1);
+  auto copy = [&] {
+    auto body = [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const size_t lo = bytes * size_t(c) / size_t(chunks), hi = bytes * size_t(c + 1) / size_t(chunks);
+        std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
+      }
+    };
+    if (pool) pool->parallel_for(chunks, 1, body);
+    else body(0, chunks);
+  };
+  const double s = time(copy, 7, 0.3);
+  const double gbps = double(bytes) / s / 1e9;
+  memcpy_cache[bytes] = gbps;
+  return gbps;
+}
+
+double BenchContext::fma_peak_gflops() {
+  if (fma_cache > 0) return fma_cache;
+  const int threads = pool ? pool->num_threads() : 1;
+  constexpr int64_t kIters = 20'000'000;
+  std::vector<double> flops(size_t(threads), 0.0);
+  std::vector<float> sinks(size_t(threads) * 16, 0.0f);  // one cache line per thread
+  auto run = [&] {
+    auto body = [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) flops[size_t(t)] = HWY_DYNAMIC_DISPATCH(FmaLoop)(kIters, &sinks[size_t(t) * 16]);
+    };
+    if (pool) pool->parallel_for(threads, 1, body);
+    else body(0, 1);
+  };
+  const double s = time(run, 3, 0.0);
+  double total = 0;
+  for (double f : flops) total += f;
+  fma_cache = total / s / 1e9;
+  return fma_cache;
+}
+
+void BenchContext::emit(const BenchRecord& r) {
+  nlohmann::ordered_json j;
+  j["bench"] = r.bench;
+  j["case"] = r.case_name;
+  j["threads"] = threads;
+  j["seconds"] = r.seconds;
+  if (r.bytes > 0) {
+    j["bytes"] = r.bytes;
+    j["gbps"] = r.bytes / r.seconds / 1e9;
+  }
+  if (r.flops > 0) {
+    j["flops"] = r.flops;
+    j["gflops"] = r.flops / r.seconds / 1e9;
+  }
+  j["limit"] = r.limit;
+  j["limit_value"] = r.limit_value;
+  j["ratio"] = r.ratio;
+  j["correct"] = r.correct;
+  j["rel_err"] = r.rel_err;
+  for (const auto& [k, v] : r.extra) j[k] = v;
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+bool register_kernel_bench(const char* name, BenchFn fn) {
+  bench_registry().emplace_back(name, fn);
+  return true;
+}
+
+std::vector<std::pair<std::string, BenchFn>> kernel_benches() { return bench_registry(); }
+
+}  // namespace deepinfer::kernels::testing
+#endif  // HWY_ONCE

@@ -1,0 +1,140 @@
+// `deepinfer bench kernels` sub-benches for the fp8 casts and GEMMs. Each record carries the
+// ratio to a limit measured in the same run and a correctness check against host:
+//  - gemm_fp8_decode (M = 1..8, K = 7168, N = 2048 / 7168): weight GB/s vs memcpy GB/s on a
+//    buffer of the weight's size (memory-bound; goal >= 0.6).
+//  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
+//    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
+//  - quant_per_token: bytes moved vs memcpy.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/gemm.h"
+#include "kernels/quant.h"
+#include "kernels/testing/bench.h"
+#include "kernels/testing/data.h"
+#include "kernels/testing/harness.h"
+
+#ifdef DEEPINFER_HAVE_BLAS
+// Declared here rather than through <cblas.h>, whose Debian alternative may be netlib's.
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
+                            int lda, const float* b, int ldb, float beta, float* c, int ldc);
+extern "C" __attribute__((weak)) void openblas_set_num_threads(int num_threads);
+#endif
+
+namespace deepinfer::kernels::testing {
+
+namespace {
+
+// Random fp8 weights straight from codes (a host cast of 51M values would dominate the run).
+struct Weights {
+  std::vector<fp8_e4m3> q;
+  std::vector<float> scales;
+};
+Weights random_weights(int64_t n, int64_t k, uint64_t seed) {
+  return {random_e4m3(n * k, seed), random_scales(num_blocks(n) * num_blocks(k), seed + 1, 1e-4f, 1e-3f)};
+}
+
+// cpu output rows [0, m) × columns [0, n_check) against host on the same slice.
+CaseResult check_against_host(const Fp8Rows& a, const Weights& w, int64_t m, int64_t n, int64_t k,
+                              const std::vector<bf16>& cpu_out, int64_t m_check, int64_t n_check) {
+  m_check = std::min(m_check, m);
+  n_check = std::min(n_check, n);
+  std::vector<bf16> ref(size_t(m_check * n_check));
+  host::gemm_fp8({.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
+                  .out = ref.data(), .m = m_check, .n = n_check, .k = k});
+  std::vector<bf16> got(size_t(m_check * n_check));
+  for (int64_t r = 0; r < m_check; ++r)
+    for (int64_t j = 0; j < n_check; ++j) got[size_t(r * n_check + j)] = cpu_out[size_t(r * n + j)];
+  return compare_buffers("out", DType::bf16, got.data(), ref.data(), m_check * n_check, {.rel_l2 = 1e-3});
+}
+
+}  // namespace
+
+DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
+  int failures = 0;
+  const int64_t k = 7168;
+  const std::vector<int64_t> ns = ctx.quick ? std::vector<int64_t>{2048} : std::vector<int64_t>{2048, 7168};
+  const std::vector<int64_t> ms = ctx.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 4, 8};
+  for (int64_t n : ns) {
+    const Weights w = random_weights(n, k, uint64_t(n));
+    const double wbytes = double(n * k) + double(w.scales.size() * 4);
+    const double limit = ctx.memcpy_gbps(size_t(n * k));
+    for (int64_t m : ms) {
+      const Fp8Rows a = random_fp8_activations(m, k, uint64_t(m));
+      std::vector<bf16> out(size_t(m * n));
+      const GemmFp8Params p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
+                            .out = out.data(), .m = m, .n = n, .k = k};
+      ScopedBackend use(KernelBackend::cpu);
+      const double s = ctx.time([&] { gemm_fp8(p); }, 9, 0.3);
+      const CaseResult c = check_against_host(a, w, m, n, k, out, m, 512);
+      failures += c.pass ? 0 : 1;
+      BenchRecord r{.bench = "gemm_fp8_decode", .case_name = fmt::format("m={} n={} k={}", m, n, k), .seconds = s,
+                    .bytes = wbytes, .limit = "memcpy_gbps", .limit_value = limit,
+                    .ratio = wbytes / s / 1e9 / limit, .correct = c.pass, .rel_err = c.max_rel_err, .extra = {}};
+      ctx.emit(r);
+    }
+  }
+  return failures;
+}
+
+DEEPINFER_KERNEL_BENCH(gemm_fp8_prefill) {
+  const int64_t m = ctx.quick ? 128 : 512, n = 2048, k = 7168;
+  const Weights w = random_weights(n, k, 77);
+  const Fp8Rows a = random_fp8_activations(m, k, 78);
+  std::vector<bf16> out(size_t(m * n));
+  const GemmFp8Params p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
+                        .out = out.data(), .m = m, .n = n, .k = k};
+  ScopedBackend use(KernelBackend::cpu);
+  const double s = ctx.time([&] { gemm_fp8(p); }, 3, 0.5);
+  const CaseResult c = check_against_host(a, w, m, n, k, out, 8, n);
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const double peak = ctx.fma_peak_gflops();
+  const std::string shape = fmt::format("m={} n={} k={}", m, n, k);
+  ctx.emit({.bench = "gemm_fp8_prefill", .case_name = shape, .seconds = s, .flops = flops, .limit = "fma_peak_gflops",
+            .limit_value = peak, .ratio = flops / s / 1e9 / peak, .correct = c.pass, .rel_err = c.max_rel_err, .extra = {}});
+#ifdef DEEPINFER_HAVE_BLAS
+  // OpenBLAS sgemm on the same shape with the weights dequantised to f32 (what a
+  // dequantise-then-BLAS implementation would run). Its result is checked against ours too.
+  std::vector<float> wf(size_t(n * k)), af(size_t(m * k)), cf(size_t(m * n));
+  dequant_per_block({.q = w.q.data(), .scales = w.scales.data(), .out_f32 = wf.data(), .n = n, .k = k});
+  dequant_per_token({.q = a.q.data(), .scales = a.scales.data(), .out_f32 = af.data(), .m = m, .k = k});
+  if (openblas_set_num_threads) openblas_set_num_threads(ctx.threads);
+  const double sb = ctx.time([&] {
+    cblas_sgemm(101 /*RowMajor*/, 111 /*NoTrans*/, 112 /*Trans*/, int(m), int(n), int(k), 1.0f, af.data(), int(k),
+                wf.data(), int(k), 0.0f, cf.data(), int(n));
+  }, 3, 0.5);
+  std::vector<float> ours(size_t(m * n));
+  for (size_t i = 0; i < ours.size(); ++i) ours[i] = bf16_to_f32(out[i]);
+  const CaseResult cb = compare_buffers("out", DType::f32, ours.data(), cf.data(), m * n, {.rel_l2 = 1e-2});
+  ctx.emit({.bench = "gemm_fp8_prefill", .case_name = shape + " vs_openblas", .seconds = s, .flops = flops,
+            .limit = "openblas_sgemm_s", .limit_value = sb, .ratio = sb / s, .correct = c.pass && cb.pass,
+            .rel_err = cb.max_rel_err, .extra = {{"openblas_gflops", flops / sb / 1e9}}});
+  return (c.pass ? 0 : 1) + (cb.pass ? 0 : 1);
+#else
+  return c.pass ? 0 : 1;
+#endif
+}
+
+DEEPINFER_KERNEL_BENCH(quant_per_token) {
+  const int64_t m = ctx.quick ? 64 : 512, k = 7168;
+  const std::vector<bf16> x = random_bf16(m * k, 5, -3.0f, 3.0f);
+  std::vector<fp8_e4m3> q(size_t(m * k)), qh(size_t(m * k));
+  std::vector<float> s(size_t(m * num_blocks(k))), sh(s.size());
+  const QuantTokenParams p{.x = x.data(), .q = q.data(), .scales = s.data(), .m = m, .k = k};
+  ScopedBackend use(KernelBackend::cpu);
+  const double t = ctx.time([&] { quant_per_token(p); }, 9, 0.3);
+  host::quant_per_token({.x = x.data(), .q = qh.data(), .scales = sh.data(), .m = m, .k = k});
+  CaseResult c = compare_buffers("q", DType::e4m3, q.data(), qh.data(), m * k, {.rel_l2 = 0});
+  const CaseResult cs = compare_buffers("scales", DType::f32, s.data(), sh.data(), int64_t(s.size()), {.rel_l2 = 0});
+  c.pass = c.pass && cs.pass;
+  const double bytes = double(m * k) * 3.0;  // read bf16, write e4m3
+  const double limit = ctx.memcpy_gbps(size_t(m * k) * 2);
+  ctx.emit({.bench = "quant_per_token", .case_name = fmt::format("m={} k={}", m, k), .seconds = t, .bytes = bytes,
+            .limit = "memcpy_gbps", .limit_value = limit, .ratio = bytes / t / 1e9 / limit, .correct = c.pass,
+            .rel_err = c.max_rel_err, .extra = {}});
+  return c.pass ? 0 : 1;
+}
+
+}  // namespace deepinfer::kernels::testing

@@ -1,0 +1,73 @@
+// config.json of a HuggingFace DeepSeek-V3 / V2 / V2-Lite checkpoint: every field the
+// architecture uses, validated at load (an unknown or inconsistent value names the field).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace deepinfer::model {
+
+enum class TopkMethod : uint8_t { noaux_tc, greedy, group_limited_greedy };
+enum class ScoringFunc : uint8_t { sigmoid, softmax };
+
+struct YarnScaling {
+  bool enabled = false;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+};
+
+struct ModelConfig {
+  std::string model_type;  // deepseek_v3 | deepseek_v2
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;      // dense SwiGLU width
+  int64_t moe_intermediate_size = 0;  // one expert's width
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  int64_t n_routed_experts = 0;       // 0 = no MoE layers
+  int64_t n_shared_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  TopkMethod topk_method = TopkMethod::noaux_tc;
+  ScoringFunc scoring_func = ScoringFunc::sigmoid;
+  bool norm_topk_prob = true;
+  double routed_scaling_factor = 1.0;
+  int64_t q_lora_rank = 0;            // 0 = direct q_proj (V2-Lite)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  YarnScaling rope_scaling;
+  int64_t max_position_embeddings = 0;
+  int64_t num_nextn_predict_layers = 0;  // MTP layers: skipped by the engine
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+  bool fp8_weights = false;     // quantization_config fp8 e4m3 with [128, 128] blocks
+  bool ue8m0_scales = false;    // quantization_config.scale_fmt == "ue8m0"
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool is_moe_layer(int64_t layer) const {
+    return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  }
+  // YaRN attention factor: 0.1·m·ln(factor) + 1 (1 without scaling).
+  static double yarn_mscale(double factor, double m);
+  // qk_head_dim^-0.5 · mscale(factor, mscale_all_dim)^2 (never 576^-0.5; DESIGN §2).
+  double softmax_scale() const;
+  std::string summary() const;
+};
+
+// Parses and validates `dir/config.json`. Throws Error naming the file and the field.
+ModelConfig load_config(const std::string& dir);
+ModelConfig parse_config(const std::string& json_text, const std::string& source);
+
+}  // namespace deepinfer::model

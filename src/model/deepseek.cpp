@@ -1,0 +1,597 @@
+// The DeepSeek architecture, one file (STYLE: llama.cpp's src/models/deepseek2.cpp). Rounding
+// points follow tools/reference/NUMERICS.md; every kernel goes through the dispatching
+// deepinfer::kernels functions under a KernelTag naming the layer part, for `deepinfer diff`.
+#include "model/deepseek.h"
+
+#include <deepinfer/error.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+#include "kernels/quant.h"
+#include "kernels/recorder.h"
+#include "kernels/rope.h"
+#include "kernels/router.h"
+#include "kernels/swiglu.h"
+
+namespace deepinfer::model {
+
+namespace k = deepinfer::kernels;
+
+namespace {
+
+// A growable scratch buffer: pointers stay valid until the next grow.
+template <class T>
+struct Scratch {
+  std::vector<T> v;
+  T* get(int64_t n) {
+    if (int64_t(v.size()) < std::max<int64_t>(n, 1)) v.resize(size_t(std::max<int64_t>(n, 1)));
+    return v.data();
+  }
+};
+
+// A linear's input: bf16 activations, and optionally their 1×128 fp8 cast (computed once when
+// several fp8 linears read the same x).
+struct Act {
+  const bf16* x = nullptr;         // [T, K]
+  const fp8_e4m3* q = nullptr;     // [T, K] or null
+  const float* scales = nullptr;   // [T, num_blocks(K)] or null
+};
+
+k::RopeConfig rope_config(const ModelConfig& c) {
+  k::RopeConfig r;
+  r.rope_dim = c.qk_rope_head_dim;
+  r.theta = c.rope_theta;
+  r.yarn = c.rope_scaling.enabled;
+  r.scaling.factor = float(c.rope_scaling.factor);
+  r.scaling.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  r.scaling.beta_fast = float(c.rope_scaling.beta_fast);
+  r.scaling.beta_slow = float(c.rope_scaling.beta_slow);
+  r.scaling.mscale = float(c.rope_scaling.mscale);
+  r.scaling.mscale_all_dim = float(c.rope_scaling.mscale_all_dim);
+  return r;
+}
+
+size_t mlp_bytes(const Mlp& m) { return m.gate.weight_bytes() + m.up.weight_bytes() + m.down.weight_bytes(); }
+
+}  // namespace
+
+// Per-layer attention weights derived once at construction: kv_b as bf16(q·S) (NUMERICS: kv_b
+// is never an fp8 linear), and W_UK transposed per head so q̃ = q_nope·W_UK is an NT GEMM.
+struct AbsorbedKvB {
+  Tensor w_bf16;  // [H·(dn + dv), r] bf16 (owned, or borrowed from a BF16 Linear)
+  Tensor w_uk_t;  // [H, r, dn] bf16
+};
+
+struct DeepseekModel::Impl {
+  std::shared_ptr<const ModelWeights> w;
+  const ModelConfig& cfg;
+  Group& group;
+  ModelOptions opts;
+  std::unique_ptr<EPBuffer> ep;
+  bool fp8_experts = false;
+  std::vector<AbsorbedKvB> kvb;  // per layer
+  std::vector<float> inv_freq;   // [rope/2]
+  float attention_factor = 1.0f;
+  float softmax_scale = 0.0f;
+
+  // Scratch (per rank; forward is not reentrant).
+  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn, gbuf, ubuf, shared_out, ybuf, gath;
+  Scratch<fp8_e4m3> xq, tq;
+  Scratch<float> xs, ts, router_logits, topk_w, margins;
+  Scratch<int64_t> topk_idx, positions;
+
+  Impl(std::shared_ptr<const ModelWeights> weights, Group& g, const ModelOptions& o)
+      : w(std::move(weights)), cfg(w->config), group(g), opts(o) {
+    DI_CHECK(opts.max_tokens_per_step > 0, "max_tokens_per_step must be positive, got {}", opts.max_tokens_per_step);
+    const auto rc = rope_config(cfg);
+    inv_freq = k::rope_inv_freq(rc);
+    attention_factor = k::rope_attention_factor(rc);
+    softmax_scale = k::mla_softmax_scale(cfg.qk_head_dim(), rc);
+    const int64_t H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank;
+    for (const auto& L : w->layers) {
+      AbsorbedKvB a;
+      const Linear& kb = L.kv_b;
+      if (kb.fp8()) {
+        a.w_bf16 = Tensor::empty(DType::bf16, {kb.out, kb.in});
+        k::DequantBlockParams p;
+        p.q = kb.w_fp8;
+        p.scales = kb.w_scale;
+        p.out = a.w_bf16.data<bf16>();
+        p.n = kb.out;
+        p.k = kb.in;
+        k::KernelTag tag("load.kv_b");
+        k::dequant_per_block(p);
+      } else {
+        a.w_bf16 = Tensor::borrow(const_cast<bf16*>(kb.w_bf16), DType::bf16, {kb.out, kb.in});
+      }
+      a.w_uk_t = Tensor::empty(DType::bf16, {H, r, dn});
+      const bf16* src = a.w_bf16.data<bf16>();
+      bf16* dst = a.w_uk_t.data<bf16>();
+      for (int64_t hh = 0; hh < H; ++hh)
+        for (int64_t d = 0; d < dn; ++d)
+          for (int64_t c = 0; c < r; ++c) dst[(hh * r + c) * dn + d] = src[(hh * (dn + dv) + d) * r + c];
+      kvb.push_back(std::move(a));
+    }
+    int64_t first_moe = -1;
+    for (size_t i = 0; i < w->layers.size(); ++i)
+      if (w->layers[i].moe) {
+        first_moe = int64_t(i);
+        break;
+      }
+    if (first_moe >= 0) {
+      const auto& L = w->layers[size_t(first_moe)];
+      DI_CHECK(!L.experts.empty(), "rank {} holds no routed experts", group.rank());
+      fp8_experts = L.experts[0].gate.fp8();
+      EPConfig ec;
+      ec.num_experts = int(cfg.n_routed_experts);
+      ec.hidden = int(cfg.hidden_size);
+      ec.num_topk = int(cfg.num_experts_per_tok);
+      ec.num_max_tokens_per_rank = int(opts.max_tokens_per_step);
+      ec.dispatch_dtype = fp8_experts ? DispatchDType::fp8 : DispatchDType::bf16;
+      ec.expert_alignment = 1;
+      ec.expand = true;
+      ec.algo = opts.ep_algo;
+      ec.combine = opts.ep_combine;
+      ep = std::make_unique<EPBuffer>(group, ec);
+    }
+  }
+
+  // ---- building blocks ----------------------------------------------------------------------
+
+  void quantize(const bf16* x, int64_t T, int64_t K, fp8_e4m3* q, float* s) {
+    k::QuantTokenParams p;
+    p.x = x;
+    p.q = q;
+    p.scales = s;
+    p.m = T;
+    p.k = K;
+    p.ue8m0 = cfg.ue8m0_scales;
+    k::quant_per_token(p);
+  }
+
+  // out [T, l.out] bf16 = x·Wᵀ (fp8: 1×128 activation cast, block-scaled GEMM; bf16: BF16 GEMM).
+  void linear(const Linear& l, const Act& a, int64_t T, bf16* out) {
+    if (T == 0) return;
+    if (l.fp8()) {
+      const fp8_e4m3* q = a.q;
+      const float* s = a.scales;
+      if (q == nullptr) {
+        DI_CHECK(a.x != nullptr, "linear {}: no input", l.name);
+        fp8_e4m3* qq = tq.get(T * l.in);
+        float* ss = ts.get(T * k::num_blocks(l.in));
+        quantize(a.x, T, l.in, qq, ss);
+        q = qq;
+        s = ss;
+      }
+      k::GemmFp8Params p;
+      p.a = q;
+      p.a_scales = s;
+      p.w = l.w_fp8;
+      p.w_scales = l.w_scale;
+      p.out = out;
+      p.m = T;
+      p.n = l.out;
+      p.k = l.in;
+      k::gemm_fp8(p);
+    } else {
+      DI_CHECK(a.x != nullptr, "linear {}: BF16 weight needs bf16 input", l.name);
+      k::GemmBf16Params p;
+      p.a = a.x;
+      p.w = l.w_bf16;
+      p.out = out;
+      p.m = T;
+      p.n = l.out;
+      p.k = l.in;
+      k::gemm_bf16(p);
+    }
+  }
+
+  void rms_norm(const bf16* x, const bf16* wt, int64_t T, int64_t dim, bf16* y, int64_t in_stride = 0,
+                int64_t out_stride = 0, fp8_e4m3* q = nullptr, float* s = nullptr) {
+    if (T == 0) return;
+    k::RmsNormParams p;
+    p.x = x;
+    p.w = wt;
+    p.y = y;
+    p.q = q;
+    p.scales = s;
+    p.num_tokens = T;
+    p.hidden = dim;
+    p.in_stride = in_stride;
+    p.out_stride = out_stride;
+    p.eps = float(cfg.rms_norm_eps);
+    p.ue8m0 = cfg.ue8m0_scales;
+    k::rms_norm(p);
+  }
+
+  void residual_add(const bf16* a, const bf16* b, bf16* out, int64_t n) {
+    if (n == 0) return;
+    k::ResidualAddParams p;
+    p.a = a;
+    p.b = b;
+    p.out = out;
+    p.n = n;
+    k::residual_add(p);
+  }
+
+  // SwiGLU MLP on T rows: out [T, hidden] = down(silu(gate·x) ⊙ up·x).
+  void mlp(const Mlp& m, const Act& a, int64_t T, bf16* out) {
+    if (T == 0) return;
+    const int64_t I = m.gate.out;
+    bf16* g = gbuf.get(T * I);
+    bf16* u = ubuf.get(T * I);
+    linear(m.gate, a, T, g);
+    linear(m.up, a, T, u);
+    k::SwigluParams sp;
+    sp.gate = g;
+    sp.up = u;
+    sp.num_tokens = T;
+    sp.inter = I;
+    sp.in_stride = I;
+    sp.ue8m0 = cfg.ue8m0_scales;
+    Act da;
+    bf16* y = t1.get(T * I);
+    if (m.down.fp8()) {
+      sp.q = tq.get(T * I);
+      sp.scales = ts.get(T * k::num_blocks(I));
+      da.q = sp.q;
+      da.scales = sp.scales;
+    } else {
+      sp.y = y;
+      da.x = y;
+    }
+    k::swiglu(sp);
+    linear(m.down, da, T, out);
+  }
+
+  // ---- attention ------------------------------------------------------------------------------
+
+  // h [T, hidden] += MLA(RMSNorm(h)).
+  void attention(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T, bf16* hbuf) {
+    const LayerWeights& L = w->layers[size_t(li)];
+    const int64_t hid = cfg.hidden_size, H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim,
+                  dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank, qk = dn + dr, row = r + dr;
+    if (T > 0) {
+      bf16* x = xn.get(T * hid);
+      fp8_e4m3* xq8 = xq.get(T * hid);
+      float* xs8 = xs.get(T * k::num_blocks(hid));
+      rms_norm(hbuf, L.input_norm, T, hid, x, 0, 0, xq8, xs8);  // [T, hid] bf16 + its fp8 cast
+      const Act xa{x, xq8, xs8};
+      bf16* qb = q.get(T * H * qk);  // [T, H, qk]
+      if (cfg.q_lora_rank > 0) {
+        bf16* qa = t0.get(T * cfg.q_lora_rank);
+        linear(L.q_a, xa, T, qa);  // [T, q_lora]
+        rms_norm(qa, L.q_a_norm, T, cfg.q_lora_rank, qa);
+        linear(L.q_b, Act{qa}, T, qb);
+      } else {
+        linear(L.q, xa, T, qb);
+      }
+      bf16* kvb_ = kv.get(T * row);  // [T, r + dr]
+      linear(L.kv_a, xa, T, kvb_);
+      bf16* kr = kvrow.get(T * row);  // [T, r + dr]: [c_n | k_pe]
+      rms_norm(kvb_, L.kv_a_norm, T, r, kr, row, row);
+      for (int64_t t = 0; t < T; ++t) std::memcpy(kr + t * row + r, kvb_ + t * row + r, size_t(dr) * sizeof(bf16));
+      // Positions of the T tokens.
+      int64_t* pos = positions.get(T);
+      {
+        int64_t t = 0;
+        for (const auto& c : chunks)
+          for (int64_t j = 0; j < c.num_tokens; ++j) pos[t++] = c.start_pos + j;
+      }
+      k::RopeParams rp;
+      rp.positions = pos;
+      rp.inv_freq = inv_freq.data();
+      rp.num_tokens = T;
+      rp.rope_dim = dr;
+      rp.attention_factor = attention_factor;
+      rp.x = qb;  // q_pe of every head
+      rp.num_heads = H;
+      rp.token_stride = H * qk;
+      rp.head_stride = qk;
+      rp.offset = dn;
+      k::rope(rp);
+      rp.x = kr;  // the shared k_pe
+      rp.num_heads = 1;
+      rp.token_stride = row;
+      rp.head_stride = row;
+      rp.offset = r;
+      k::rope(rp);
+      // Absorbed query [T, H, r + dr] = [q_nope·W_UK | q_pe] per head.
+      bf16* qa_ = qabs.get(T * H * row);
+      bf16* qn = t0.get(T * dn);
+      bf16* qt = t1.get(T * r);
+      for (int64_t hh = 0; hh < H; ++hh) {
+        for (int64_t t = 0; t < T; ++t) std::memcpy(qn + t * dn, qb + (t * H + hh) * qk, size_t(dn) * sizeof(bf16));
+        k::GemmBf16Params gp;
+        gp.a = qn;
+        gp.w = kvb[size_t(li)].w_uk_t.data<bf16>() + hh * r * dn;
+        gp.out = qt;
+        gp.m = T;
+        gp.n = r;
+        gp.k = dn;
+        k::gemm_bf16(gp);  // [T, r]
+        for (int64_t t = 0; t < T; ++t) {
+          bf16* dst = qa_ + (t * H + hh) * row;
+          std::memcpy(dst, qt + t * r, size_t(r) * sizeof(bf16));
+          std::memcpy(dst + r, qb + (t * H + hh) * qk + dn, size_t(dr) * sizeof(bf16));
+        }
+      }
+      // Write the new latent rows to the cache, then attend chunk by chunk over the cache.
+      {
+        int64_t t = 0;
+        for (const auto& c : chunks)
+          for (int64_t j = 0; j < c.num_tokens; ++j, ++t)
+            std::memcpy(cache.row(li, c.cache_seq, c.start_pos + j), kr + t * row, size_t(row) * sizeof(bf16));
+      }
+      bf16* ol = olat.get(T * H * r);  // [T, H, r] latent outputs
+      int64_t t = 0;
+      for (const auto& c : chunks) {
+        if (c.num_tokens == 0) continue;
+        const auto& table = cache.block_table(c.cache_seq);
+        const int32_t seqlen = int32_t(c.start_pos + c.num_tokens);
+        k::MlaDecodeParams ap;
+        ap.q = qa_ + t * H * row;
+        ap.kv_cache = cache.pages(li);
+        ap.block_table = table.data();
+        ap.cache_seqlens = &seqlen;
+        ap.o = ol + t * H * r;
+        ap.batch = 1;
+        ap.s_q = c.num_tokens;
+        ap.num_heads = H;
+        ap.head_dim = row;
+        ap.head_dim_v = r;
+        ap.page_size = cache.config().page_size;
+        ap.num_pages = cache.config().num_pages;
+        ap.max_pages_per_seq = int64_t(table.size());
+        ap.softmax_scale = softmax_scale;
+        ap.causal = true;
+        k::mla_decode(ap);
+        t += c.num_tokens;
+      }
+      // o_h = W_UV,h · ō_h, heads concatenated [T, H·dv].
+      bf16* oc = ocat.get(T * H * dv);
+      bf16* on = t0.get(T * r);
+      bf16* ov = t1.get(T * dv);
+      for (int64_t hh = 0; hh < H; ++hh) {
+        for (int64_t tt = 0; tt < T; ++tt) std::memcpy(on + tt * r, ol + (tt * H + hh) * r, size_t(r) * sizeof(bf16));
+        k::GemmBf16Params gp;
+        gp.a = on;
+        gp.w = kvb[size_t(li)].w_bf16.data<bf16>() + (hh * (dn + dv) + dn) * r;
+        gp.out = ov;
+        gp.m = T;
+        gp.n = dv;
+        gp.k = r;
+        k::gemm_bf16(gp);
+        for (int64_t tt = 0; tt < T; ++tt) std::memcpy(oc + (tt * H + hh) * dv, ov + tt * dv, size_t(dv) * sizeof(bf16));
+      }
+      bf16* ao = attn.get(T * hid);
+      linear(L.o, Act{oc}, T, ao);
+      residual_add(hbuf, ao, hbuf, T * hid);
+    }
+  }
+
+  // ---- FFN ------------------------------------------------------------------------------------
+
+  void ffn(int64_t li, int64_t T, bf16* hbuf, RoutingTrace* trace) {
+    const LayerWeights& L = w->layers[size_t(li)];
+    const int64_t hid = cfg.hidden_size;
+    bf16* x = xn.get(T * hid);
+    fp8_e4m3* xq8 = xq.get(T * hid);
+    float* xs8 = xs.get(T * k::num_blocks(hid));
+    bf16* out = ffn.get(T * hid);
+    if (!L.moe) {
+      k::KernelTag tag("mlp");
+      rms_norm(hbuf, L.post_attn_norm, T, hid, x, 0, 0, xq8, xs8);
+      mlp(L.dense, Act{x, xq8, xs8}, T, out);
+      residual_add(hbuf, out, hbuf, T * hid);
+      return;
+    }
+    const int64_t E = cfg.n_routed_experts, K = cfg.num_experts_per_tok;
+    int64_t* idx = topk_idx.get(T * K);
+    float* wts = topk_w.get(T * K);
+    float* mg = margins.get(T);
+    {
+      k::KernelTag tag("moe.router");
+      rms_norm(hbuf, L.post_attn_norm, T, hid, x, 0, 0, xq8, xs8);
+      if (T > 0) {
+        float* lg = router_logits.get(T * E);
+        k::GemmBf16Params gp;
+        gp.a = x;
+        gp.w = L.router.w_bf16;
+        gp.out_f32 = lg;
+        gp.m = T;
+        gp.n = E;
+        gp.k = hid;
+        k::gemm_bf16(gp);  // [T, E] f32
+        k::RouterParams rp;
+        rp.logits = lg;
+        rp.bias = L.router_bias;
+        rp.topk_idx = idx;
+        rp.topk_weights = wts;
+        rp.margins = mg;
+        rp.num_tokens = T;
+        rp.num_experts = E;
+        rp.top_k = K;
+        rp.n_group = cfg.n_group;
+        rp.topk_group = cfg.topk_group;
+        rp.scoring = cfg.scoring_func == ScoringFunc::sigmoid ? k::ScoringFunc::sigmoid : k::ScoringFunc::softmax;
+        rp.method = cfg.topk_method == TopkMethod::noaux_tc ? k::TopkMethod::noaux_tc
+                    : cfg.topk_method == TopkMethod::greedy ? k::TopkMethod::greedy
+                                                            : k::TopkMethod::group_limited_greedy;
+        rp.norm_topk_prob = cfg.norm_topk_prob;
+        rp.routed_scaling_factor = float(cfg.routed_scaling_factor);
+        k::router(rp);
+      }
+    }
+    if (trace) {
+      trace->layers.push_back(li);
+      trace->topk.emplace_back(idx, idx + T * K);
+      trace->margins.emplace_back(mg, mg + T);
+    }
+    // Dispatch (every rank joins, T may be 0).
+    DispatchInput din;
+    const int64_t P = k::num_blocks(hid);
+    if (fp8_experts) {
+      din.x = Tensor::borrow(xq8, DType::e4m3, {T, hid});
+      din.scales = Tensor::borrow(xs8, DType::f32, {T, P});
+    } else {
+      din.x = Tensor::borrow(x, DType::bf16, {T, hid});
+    }
+    din.topk_idx = Tensor::borrow(idx, DType::i64, {T, K});
+    din.topk_weights = Tensor::borrow(wts, DType::f32, {T, K});
+    DispatchOutput dout;
+    {
+      k::KernelTag tag("moe.dispatch");
+      dout = ep->dispatch(din);
+    }
+    const int64_t S = dout.x.dim(0);
+    bf16* y = ybuf.get(S * hid);  // [S, hid] expert outputs in the expand layout
+    {
+      k::KernelTag tag("moe.experts");
+      int64_t off = 0;
+      for (size_t e = 0; e < dout.num_recv_tokens_per_expert_aligned.size(); ++e) {
+        const int64_t n = dout.num_recv_tokens_per_expert_aligned[e];
+        if (n == 0) continue;
+        Act a;
+        if (fp8_experts) {
+          a.q = dout.x.data<fp8_e4m3>() + off * hid;
+          a.scales = dout.scales.data<float>() + off * P;
+        } else {
+          a.x = dout.x.data<bf16>() + off * hid;
+        }
+        mlp(L.experts[e], a, n, y + off * hid);
+        off += n;
+      }
+      DI_CHECK(off == S, "expand layout: {} rows in expert segments, {} received", off, S);
+    }
+    CombineOutput cout_;
+    {
+      k::KernelTag tag("moe.combine");
+      cout_ = ep->combine(Tensor::borrow(y, DType::bf16, {S, hid}), dout.handle);
+    }
+    if (T == 0) return;
+    const bf16* routed = cout_.x.data<bf16>();  // [T, hid] bf16(Σ_k w_k·y_k)
+    if (L.has_shared) {
+      k::KernelTag tag("moe.shared");
+      bf16* so = shared_out.get(T * hid);
+      mlp(L.shared, Act{x, xq8, xs8}, T, so);
+      residual_add(routed, so, out, T * hid);  // bf16(routed + shared)
+    } else {
+      std::memcpy(out, routed, size_t(T * hid) * sizeof(bf16));
+    }
+    residual_add(hbuf, out, hbuf, T * hid);
+  }
+
+  ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace) {
+    const int64_t hid = cfg.hidden_size, V = cfg.vocab_size;
+    int64_t T = 0;
+    for (const auto& c : chunks) {
+      DI_CHECK(c.num_tokens >= 0 && c.start_pos >= 0, "bad chunk: {} tokens at position {}", c.num_tokens,
+               c.start_pos);
+      T += c.num_tokens;
+    }
+    DI_CHECK(T <= opts.max_tokens_per_step, "forward: {} tokens exceed max_tokens_per_step {}", T,
+             opts.max_tokens_per_step);
+    for (const auto& c : chunks) cache.reserve(c.cache_seq, c.start_pos + c.num_tokens);
+    bf16* hb = h.get(T * hid);  // [T, hid] residual stream
+    {
+      k::KernelTag tag("embed");
+      int64_t t = 0;
+      for (const auto& c : chunks)
+        for (int64_t j = 0; j < c.num_tokens; ++j, ++t) {
+          const int32_t id = c.tokens[j];
+          DI_CHECK(id >= 0 && id < V, "token id {} out of range [0, {})", id, V);
+          std::memcpy(hb + t * hid, w->embed + int64_t(id) * hid, size_t(hid) * sizeof(bf16));
+        }
+    }
+    ForwardOutput out;
+    for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
+      k::KernelTag ltag("layer" + std::to_string(li));
+      {
+        k::KernelTag tag("attn");
+        attention(li, chunks, cache, T, hb);
+      }
+      ffn(li, T, hb, trace ? &out.routing : nullptr);
+    }
+    // Final norm + lm head on the rows that need logits.
+    out.row_begin.push_back(0);
+    std::vector<int64_t> rows;
+    {
+      int64_t t = 0;
+      for (const auto& c : chunks) {
+        if (c.all_logits)
+          for (int64_t j = 0; j < c.num_tokens; ++j) rows.push_back(t + j);
+        else if (c.num_tokens > 0)
+          rows.push_back(t + c.num_tokens - 1);
+        t += c.num_tokens;
+        out.row_begin.push_back(int64_t(rows.size()));
+      }
+    }
+    const int64_t R = int64_t(rows.size());
+    out.logits = Tensor::empty(DType::f32, {R, V});
+    if (R > 0) {
+      k::KernelTag tag("head");
+      bf16* g = gath.get(R * hid);
+      for (int64_t i = 0; i < R; ++i) std::memcpy(g + i * hid, hb + rows[size_t(i)] * hid, size_t(hid) * sizeof(bf16));
+      bf16* gn = head_in.get(R * hid);
+      rms_norm(g, w->final_norm, R, hid, gn);
+      k::GemmBf16Params gp;
+      gp.a = gn;
+      gp.w = w->lm_head.w_bf16;
+      gp.out_f32 = out.logits.data<float>();
+      gp.m = R;
+      gp.n = V;
+      gp.k = hid;
+      k::gemm_bf16(gp);  // [R, V] f32 logits
+    }
+    return out;
+  }
+};
+
+DeepseekModel::DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group, const ModelOptions& opts)
+    : impl_(std::make_unique<Impl>(std::move(weights), group, opts)) {}
+DeepseekModel::~DeepseekModel() = default;
+
+const ModelConfig& DeepseekModel::config() const { return impl_->cfg; }
+const ModelWeights& DeepseekModel::weights() const { return *impl_->w; }
+
+KvCacheConfig DeepseekModel::kv_cache_config(int64_t num_pages) const {
+  KvCacheConfig c;
+  c.num_layers = impl_->cfg.num_hidden_layers;
+  c.row_dim = impl_->cfg.kv_lora_rank + impl_->cfg.qk_rope_head_dim;
+  c.num_pages = num_pages;
+  c.page_size = k::kMlaPageSize;
+  return c;
+}
+
+ForwardOutput DeepseekModel::forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace) {
+  return impl_->forward(chunks, cache, trace);
+}
+
+double DeepseekModel::active_weight_bytes_per_token() const {
+  const auto& w = *impl_->w;
+  const auto& c = w.config;
+  double b = 0;
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const auto& L = w.layers[i];
+    b += double(L.q_a.weight_bytes() + L.q_b.weight_bytes() + L.q.weight_bytes() + L.kv_a.weight_bytes() +
+                L.o.weight_bytes());
+    b += double(impl_->kvb[i].w_bf16.nbytes()) + double(impl_->kvb[i].w_uk_t.nbytes());
+    b += 2.0 * double(c.hidden_size) * 2;  // the two norms
+    if (!L.moe) {
+      b += double(mlp_bytes(L.dense));
+    } else {
+      b += double(L.router.weight_bytes());
+      if (!L.experts.empty()) b += double(c.num_experts_per_tok) * double(mlp_bytes(L.experts[0]));
+      if (L.has_shared) b += double(mlp_bytes(L.shared));
+    }
+  }
+  b += double(w.lm_head.weight_bytes()) + double(c.hidden_size) * 2 * 2;  // head, final norm, embed row
+  return b;
+}
+
+}  // namespace deepinfer::model

@@ -1,0 +1,76 @@
+// The DeepSeek-V3 / V2 architecture (DESIGN §2, §6; reference/deepseek-v3-architecture.md §3;
+// tools/reference/NUMERICS.md pins every rounding point): embeddings, MLA over the paged latent
+// cache (absorbed form), dense SwiGLU FFN, MoE (router -> EPBuffer dispatch in the expand layout
+// -> expert GEMMs -> SwiGLU -> exact combine, plus the shared expert), final norm, fp32 logits.
+//
+// One DeepseekModel per rank. A forward call takes this rank's batch of sequences (possibly
+// none); every rank must call forward() the same number of times, because each MoE layer is a
+// collective over the group.
+#pragma once
+
+#include <deepinfer/comm.h>
+#include <deepinfer/ep.h>
+#include <deepinfer/tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace deepinfer::model {
+
+struct ModelOptions {
+  int64_t max_tokens_per_step = 512;  // tokens one rank feeds per forward (EPBuffer M)
+  EpAlgo ep_algo = knobs().ep_algo;
+  CombineMode ep_combine = knobs().ep_combine;
+};
+
+// One sequence's slice of a forward call: `num_tokens` new tokens at positions
+// [start_pos, start_pos + num_tokens); the cache already holds positions < start_pos.
+struct SeqChunk {
+  int64_t cache_seq = 0;          // PagedKvCache sequence id
+  const int32_t* tokens = nullptr;  // [num_tokens]
+  int64_t num_tokens = 0;
+  int64_t start_pos = 0;
+  bool all_logits = false;        // logits for every new position (else only the last)
+};
+
+// Routing decisions of one forward call, per MoE layer, for every token of the batch.
+struct RoutingTrace {
+  std::vector<int64_t> layers;              // MoE layer indices
+  std::vector<std::vector<int64_t>> topk;   // per MoE layer [T, K] expert ids in slot order
+  std::vector<std::vector<float>> margins;  // per MoE layer [T] selection margins
+};
+
+struct ForwardOutput {
+  Tensor logits;                     // [R, V] f32: per chunk, all its positions or its last
+  std::vector<int64_t> row_begin;    // [chunks + 1] row range of each chunk in logits
+  RoutingTrace routing;              // filled when forward(..., trace = true)
+};
+
+class DeepseekModel {
+ public:
+  DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group, const ModelOptions& opts);
+  ~DeepseekModel();
+  DeepseekModel(const DeepseekModel&) = delete;
+  DeepseekModel& operator=(const DeepseekModel&) = delete;
+
+  const ModelConfig& config() const;
+  const ModelWeights& weights() const;
+  // The cache geometry this model needs (num_pages chosen by the caller).
+  KvCacheConfig kv_cache_config(int64_t num_pages) const;
+  // Collective (MoE layers). Total new tokens must be <= max_tokens_per_step. The cache must have
+  // room reserved for every chunk (forward reserves it).
+  ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace = false);
+  // Bytes of weights one token reads in decode (attention + dense + top-k experts + shared + head),
+  // for the decode roofline.
+  double active_weight_bytes_per_token() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deepinfer::model

@@ -1,0 +1,1 @@
+list(APPEND DEEPINFER_MODEL_SOURCES kv_cache.cpp deepseek.cpp)

@@ -1,0 +1,241 @@
+#include "model/safetensors.h"
+
+#include <deepinfer/error.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace deepinfer::model {
+
+namespace {
+
+using nlohmann::json;
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
+
+DType parse_dtype(const std::string& s, const std::string& where) {
+  if (s == "F32") return DType::f32;
+  if (s == "F64") return DType::f64;
+  if (s == "BF16") return DType::bf16;
+  if (s == "F8_E4M3") return DType::e4m3;
+  if (s == "F8_E5M2") return DType::e5m2;
+  if (s == "I8") return DType::i8;
+  if (s == "U8") return DType::u8;
+  if (s == "I32") return DType::i32;
+  if (s == "I64") return DType::i64;
+  DI_FAIL("{}: dtype {} is not supported (supported: F32, F64, BF16, F8_E4M3, F8_E5M2, I8, U8, I32, I64); "
+          "convert the checkpoint's F16 tensors to BF16",
+          where, s);
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+const char* safetensors_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::bf16: return "BF16";
+    case DType::e4m3: return "F8_E4M3";
+    case DType::e5m2: return "F8_E5M2";
+    case DType::i8: return "I8";
+    case DType::u8: return "U8";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+  }
+  return "?";
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::describe() const {
+  return fmt::format("{}: {}{} in {}", name, dtype_name(dtype), shape_str(shape),
+                     std::filesystem::path(file).filename().string());
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) DI_FAIL("cannot open {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    DI_FAIL("cannot stat {}: {}", path, std::strerror(errno));
+  }
+  map_size_ = size_t(st.st_size);
+  if (map_size_ < 8) {
+    ::close(fd);
+    DI_FAIL("{} is {} bytes: too short to be a safetensors file (truncated download?)", path, map_size_);
+  }
+  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    DI_FAIL("cannot mmap {}: {}", path, std::strerror(errno));
+  }
+  const auto* base = static_cast<const std::byte*>(map_);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
+  if (header_len > kMaxHeaderBytes || 8 + header_len > map_size_)
+    DI_FAIL("{}: header length {} exceeds the file size {} (truncated or not a safetensors file)",
+            path, header_len, map_size_);
+  json header;
+  try {
+    header = json::parse(std::string_view(reinterpret_cast<const char*>(base + 8), header_len));
+  } catch (const json::parse_error& e) {
+    DI_FAIL("{}: corrupt safetensors header ({})", path, e.what());
+  }
+  if (!header.is_object()) DI_FAIL("{}: safetensors header is not a JSON object", path);
+  const size_t data_start = 8 + header_len;
+  const size_t data_size = map_size_ - data_start;
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (entry.is_object())
+        for (auto& [k, v] : entry.items())
+          if (v.is_string()) metadata_[k] = v.get<std::string>();
+      continue;
+    }
+    const std::string where = path + ": tensor " + name;
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets"))
+      DI_FAIL("{}: header entry lacks dtype/shape/data_offsets", where);
+    TensorView t;
+    t.name = name;
+    t.file = path;
+    t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
+    for (auto& d : entry["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) DI_FAIL("{}: bad shape {}", where, entry["shape"].dump());
+      t.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2) DI_FAIL("{}: data_offsets must be [begin, end]", where);
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    if (b > e || e > data_size)
+      DI_FAIL("{}: data [{}, {}) lies outside the {} data bytes of the file (truncated file?)", where, b,
+              e, data_size);
+    t.nbytes = size_t(e - b);
+    if (t.nbytes != size_t(t.numel()) * dtype_size(t.dtype))
+      DI_FAIL("{}: {} bytes stored but {}{} needs {}", where, t.nbytes, dtype_name(t.dtype),
+              shape_str(t.shape), size_t(t.numel()) * dtype_size(t.dtype));
+    t.data = base + data_start + b;
+    ranges.emplace_back(b, e);
+    tensors_.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      DI_FAIL("{}: two tensors overlap at byte {} (corrupt header)", path, ranges[i].first);
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, map_size_);
+}
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) DI_FAIL("checkpoint folder {} does not exist", dir);
+  std::vector<std::string> shards;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream f(index);
+    json j;
+    try {
+      j = json::parse(f);
+    } catch (const json::parse_error& e) {
+      DI_FAIL("{}: not valid JSON ({})", index.string(), e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      DI_FAIL("{}: has no weight_map object", index.string());
+    for (auto& [name, file] : j["weight_map"].items()) {
+      const std::string f = file.get<std::string>();
+      if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+    }
+  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    shards.push_back("model.safetensors");
+  } else {
+    DI_FAIL("{} has neither model.safetensors nor model.safetensors.index.json", dir);
+  }
+  for (const auto& s : shards) {
+    const fs::path p = fs::path(dir) / s;
+    if (!fs::exists(p)) DI_FAIL("shard {} named by the index is missing from {}", s, dir);
+    files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+    for (const auto& [name, t] : files_.back()->tensors()) {
+      auto [it, inserted] = index_.emplace(name, &t);
+      if (!inserted) DI_FAIL("tensor {} appears in both {} and {}", name, it->second->file, t.file);
+    }
+  }
+}
+
+const TensorView& Checkpoint::get(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end())
+    DI_FAIL("tensor {} is missing from the checkpoint in {} (incomplete download, or a config.json that "
+            "does not match the weights?)",
+            name, dir_);
+  return *it->second;
+}
+
+const TensorView& Checkpoint::get(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape) const {
+  const TensorView& t = get(name);
+  if (t.dtype != dtype || t.shape != shape)
+    DI_FAIL("tensor {} is {}{} but config.json implies {}{}", t.describe(), dtype_name(t.dtype),
+            shape_str(t.shape), dtype_name(dtype), shape_str(shape));
+  return t;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> v;
+  for (auto& [n, _] : index_) v.push_back(n);
+  return v;
+}
+
+size_t Checkpoint::total_bytes() const {
+  size_t n = 0;
+  for (auto& [_, t] : index_) n += t->nbytes;
+  return n;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const auto& t : tensors) {
+    size_t n = dtype_size(t.dtype);
+    for (auto d : t.shape) n *= size_t(d);
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+  std::ofstream f(path, std::ios::binary);
+  if (!f) DI_FAIL("cannot write {}", path);
+  const uint64_t len = h.size();
+  f.write(reinterpret_cast<const char*>(&len), 8);
+  f.write(h.data(), std::streamsize(h.size()));
+  for (const auto& t : tensors) {
+    size_t n = dtype_size(t.dtype);
+    for (auto d : t.shape) n *= size_t(d);
+    f.write(static_cast<const char*>(t.data), std::streamsize(n));
+  }
+  if (!f) DI_FAIL("short write to {} (disk full?)", path);
+}
+
+}  // namespace deepinfer::model

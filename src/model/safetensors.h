@@ -1,0 +1,85 @@
+// Read-only, mmap'd safetensors checkpoints: one model.safetensors or shards named by
+// model.safetensors.index.json. Every header is validated against the file size, so a
+// truncated or corrupt file is an error naming the file and tensor, never a wild read.
+#pragma once
+
+#include <deepinfer/dtype.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace deepinfer::model {
+
+struct TensorView {
+  std::string name;
+  std::string file;
+  DType dtype = DType::u8;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;  // inside the mmap, valid while the file is open
+  size_t nbytes = 0;
+
+  int64_t numel() const;
+  std::string describe() const;  // "name: e4m3[576, 256] in model.safetensors"
+  template <class T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(data);
+  }
+};
+
+// One mmap'd .safetensors file.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A checkpoint folder: every tensor by name across its shards.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  bool has(const std::string& name) const { return index_.count(name) != 0; }
+  // The tensor, or an Error naming it and the folder (and what to check).
+  const TensorView& get(const std::string& name) const;
+  // get() plus a dtype and shape check that names the tensor and both shapes.
+  const TensorView& get(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
+  std::vector<std::string> names() const;
+  size_t total_bytes() const;
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> index_;
+};
+
+// Writes a safetensors file (tests and the synthetic-model tool use it).
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+};
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+const char* safetensors_dtype_name(DType dtype);
+
+}  // namespace deepinfer::model

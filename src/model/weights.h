@@ -1,0 +1,88 @@
+// The weights one rank needs, loaded from a Checkpoint: attention, dense FFNs, norms,
+// embeddings and the router are replicated (data-parallel attention); routed experts are
+// sharded by EP rank (a rank loads only its own). FP8 weights point into the mmap; BF16
+// checkpoints are used as they are or quantized to FP8 128×128 blocks at load (--quantize fp8).
+#pragma once
+
+#include <deepinfer/dtype.h>
+#include <deepinfer/tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace deepinfer::model {
+
+// How linear layers compute (DESIGN §2): fp8 = block-scaled FP8 GEMM with 1×128 activation
+// quantization; bf16 = weights dequantized to BF16 once at load, BF16 GEMM with fp32 accumulation.
+enum class GemmMode : uint8_t { fp8, bf16 };
+
+// y = x·Wᵀ with W [out, in]. Exactly one of (w_fp8 + w_scale) or w_bf16 is set.
+struct Linear {
+  std::string name;
+  int64_t out = 0, in = 0;
+  const fp8_e4m3* w_fp8 = nullptr;  // [out, in]
+  const float* w_scale = nullptr;   // [ceil(out/128), ceil(in/128)] multipliers: W = q·S
+  const bf16* w_bf16 = nullptr;     // [out, in]
+  Tensor owned_w, owned_scale;      // storage when converted at load
+  bool fp8() const { return w_fp8 != nullptr; }
+  size_t weight_bytes() const;      // bytes read per use (weights + scales)
+};
+
+struct Mlp {  // SwiGLU: down(silu(gate·x) ⊙ up·x)
+  Linear gate, up, down;
+};
+
+struct LayerWeights {
+  const bf16* input_norm = nullptr;      // [hidden]
+  const bf16* post_attn_norm = nullptr;  // [hidden]
+  // MLA
+  Linear q_a, q_b, q;                    // q_a/q_b with q LoRA, q (direct) without
+  const bf16* q_a_norm = nullptr;        // [q_lora_rank]
+  Linear kv_a;                           // [kv_lora + rope, hidden]
+  const bf16* kv_a_norm = nullptr;       // [kv_lora_rank]
+  Linear kv_b;                           // [heads·(nope + v), kv_lora], head-major [k_nope | v]
+  Linear o;                              // [hidden, heads·v]
+  // FFN
+  bool moe = false;
+  Mlp dense;                             // dense layers
+  Linear router;                         // [n_routed, hidden] BF16; logits f32 (gemm_bf16 out_f32)
+  const float* router_bias = nullptr;    // [n_routed] f32 (noaux_tc), else null
+  std::vector<Mlp> experts;              // this rank's experts, local id = e - first_local_expert
+  Mlp shared;                            // n_shared_experts fused (width n_shared·moe_inter)
+  bool has_shared = false;
+};
+
+struct LoadOptions {
+  int ep_rank = 0;
+  int ep_size = 1;
+  GemmMode gemm = GemmMode::fp8;
+  bool quantize_fp8 = false;  // BF16 linears -> FP8 128×128 blocks at load
+  bool progress = false;      // progress bar on stderr
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  std::shared_ptr<const Checkpoint> checkpoint;  // keeps the mmap alive
+  const bf16* embed = nullptr;    // [vocab, hidden]
+  const bf16* final_norm = nullptr;  // [hidden]
+  Linear lm_head;                 // [vocab, hidden], BF16 GEMM with fp32 logits
+  std::vector<LayerWeights> layers;
+  int64_t first_local_expert = 0;
+  int64_t num_local_experts = 0;
+  size_t loaded_bytes = 0;
+};
+
+// Loads and checks every tensor this rank needs; an absent tensor, a wrong shape or dtype, or a
+// config the engine cannot run is an Error naming the tensor or field.
+std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> checkpoint,
+                                           const ModelConfig& config, const LoadOptions& opts);
+
+// Converts a BF16 [out, in] weight to FP8 with 128×128 block scales (scale = amax/448, partial
+// edge blocks), as the official checkpoints' quantizer does.
+void quantize_linear_fp8(Linear& l);
+
+}  // namespace deepinfer::model

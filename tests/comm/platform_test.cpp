@@ -1,0 +1,136 @@
+// Launcher placement from environment variables, the local rank threads' placement, and the
+// capabilities file round trip + override.
+#include "comm/platform.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "comm/capabilities.h"
+#include "core/env.h"
+#include "test_util.h"
+
+namespace deepinfer {
+namespace {
+
+auto env_of(std::map<std::string, std::string> m) {
+  return [m = std::move(m)](const char* name) -> std::optional<std::string> {
+    auto it = m.find(name);
+    if (it == m.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(Platform, OpenMpiVariables) {
+  auto p = launcher_placement(env_of({{"OMPI_COMM_WORLD_RANK", "5"},
+                                      {"OMPI_COMM_WORLD_SIZE", "8"},
+                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->rank, 5);
+  EXPECT_EQ(p->world, 8);
+  EXPECT_EQ(p->local_rank, 1);
+  EXPECT_EQ(p->source, "openmpi");
+}
+
+TEST(Platform, PmiAndSlurmVariables) {
+  auto pmi = launcher_placement(env_of({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}}));
+  ASSERT_TRUE(pmi);
+  EXPECT_EQ(pmi->rank, 2);
+  EXPECT_EQ(pmi->world, 3);
+  EXPECT_EQ(pmi->local_rank, 0);
+  EXPECT_EQ(pmi->source, "pmi");
+  auto slurm = launcher_placement(
+      env_of({{"SLURM_PROCID", "7"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "3"}}));
+  ASSERT_TRUE(slurm);
+  EXPECT_EQ(slurm->rank, 7);
+  EXPECT_EQ(slurm->world, 16);
+  EXPECT_EQ(slurm->local_rank, 3);
+  // OpenMPI's variables win when several launchers' are present.
+  auto both = launcher_placement(env_of({{"SLURM_PROCID", "7"},
+                                         {"SLURM_NTASKS", "16"},
+                                         {"OMPI_COMM_WORLD_RANK", "1"},
+                                         {"OMPI_COMM_WORLD_SIZE", "2"}}));
+  EXPECT_EQ(both->source, "openmpi");
+}
+
+TEST(Platform, NoLauncherAndBadValues) {
+  EXPECT_FALSE(launcher_placement(env_of({})));
+  try {
+    launcher_placement(env_of({{"OMPI_COMM_WORLD_RANK", "x1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}));
+    FAIL() << "bad value accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_RANK='x1'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(launcher_placement(env_of({{"PMI_RANK", "4"}, {"PMI_SIZE", "4"}})), Error);
+}
+
+TEST(Platform, LocalRankThreadsKnowTheirPlace) {
+  std::vector<Placement> seen(6);
+  run_ranks(test::local_opts(6), [&](Group& g) { seen[size_t(g.rank())] = current_placement(); });
+  for (int r = 0; r < 6; ++r) {
+    EXPECT_EQ(seen[size_t(r)].rank, r);
+    EXPECT_EQ(seen[size_t(r)].world, 6);
+    EXPECT_EQ(seen[size_t(r)].local_rank, r);
+    EXPECT_EQ(seen[size_t(r)].source, "local");
+  }
+}
+
+std::string temp_path(const char* name) {
+  return (std::filesystem::temp_directory_path() / fmt::format("deepinfer_{}_{}", ::getpid(), name))
+      .string();
+}
+
+TEST(Capabilities, SaveLoadRoundTrip) {
+  const std::string path = temp_path("caps.json");
+  save_capabilities(path, Capabilities{true, false, false}, "faulty(a2av-hang)/local");
+  const CapabilitiesFile f = load_capabilities(path);
+  EXPECT_TRUE(f.caps.all_to_all);
+  EXPECT_FALSE(f.caps.all_to_all_v);
+  EXPECT_FALSE(f.caps.ordered_reduce);
+  EXPECT_EQ(f.backend, "faulty(a2av-hang)/local");
+  std::filesystem::remove(path);
+}
+
+TEST(Capabilities, BadFilesNameTheProblem) {
+  auto expect_error = [](const std::string& content, const std::string& needle) {
+    const std::string path = temp_path("bad.json");
+    std::ofstream(path) << content;
+    try {
+      load_capabilities(path);
+      ADD_FAILURE() << "accepted: " << content;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    std::filesystem::remove(path);
+  };
+  expect_error("{\"all_to_all\": 1}", "\"all_to_all\" must be true or false");
+  expect_error("{\"all_to_al\": true}", "unknown field \"all_to_al\"");
+  expect_error("not json", "not valid JSON");
+  EXPECT_THROW(load_capabilities(temp_path("missing.json")), Error);
+}
+
+TEST(Capabilities, KnobOverridesTheGroupsCapabilities) {
+  const std::string path = temp_path("override.json");
+  save_capabilities(path, Capabilities{false, false, true}, "local");
+  const Knobs saved = knobs();
+  Knobs k = saved;
+  k.capabilities_file = path;
+  set_knobs(k);
+  run_ranks(test::local_opts(2), [](Group& g) {
+    EXPECT_FALSE(g.capabilities().all_to_all);
+    EXPECT_FALSE(g.capabilities().all_to_all_v);
+    EXPECT_EQ(g.backend(), "local");
+    int32_t x = g.rank(), y[2];
+    g.all_gather(&x, y, 1, DType::i32);  // still a working group
+    EXPECT_EQ(y[1], 1);
+  });
+  set_knobs(saved);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace deepinfer

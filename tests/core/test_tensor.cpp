@@ -1,0 +1,167 @@
+// Tensor: shapes, strides, views, rows, clone, borrow, and the errors for bad requests.
+#include <deepinfer/tensor.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace deepinfer {
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+// Expects `stmt` to throw deepinfer::Error whose message contains `needle`.
+#define EXPECT_ERROR_WITH(stmt, needle)                                             \
+  do {                                                                              \
+    try {                                                                           \
+      (void)(stmt);                                                                 \
+      ADD_FAILURE() << #stmt << " did not throw";                                   \
+    } catch (const Error& e) {                                                      \
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what(); \
+    }                                                                               \
+  } while (0)
+
+TEST(Tensor, EmptyHasContiguousStridesAndAlignment) {
+  Tensor t = Tensor::empty(DType::bf16, {3, 4, 5});
+  EXPECT_EQ(t.dtype(), DType::bf16);
+  EXPECT_EQ(t.shape(), (Shape{3, 4, 5}));
+  EXPECT_EQ(t.strides(), (Shape{20, 5, 1}));
+  EXPECT_EQ(t.ndim(), 3);
+  EXPECT_EQ(t.numel(), 60);
+  EXPECT_EQ(t.nbytes(), 120u);
+  EXPECT_EQ(t.dim(0), 3);
+  EXPECT_EQ(t.dim(-1), 5);
+  EXPECT_EQ(t.dim(-3), 3);
+  EXPECT_TRUE(t.defined());
+  EXPECT_TRUE(t.owning());
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+  EXPECT_EQ(t.describe(), "bf16[3, 4, 5]");
+}
+
+TEST(Tensor, ByteSizesFollowDtype) {
+  const std::pair<DType, size_t> sizes[] = {{DType::f32, 4},  {DType::f64, 8},  {DType::bf16, 2},
+                                            {DType::e4m3, 1}, {DType::e5m2, 1}, {DType::i8, 1},
+                                            {DType::u8, 1},   {DType::i32, 4},  {DType::i64, 8}};
+  for (auto [dt, bytes] : sizes) {
+    EXPECT_EQ(dtype_size(dt), bytes) << dtype_name(dt);
+    EXPECT_EQ(Tensor::empty(dt, {7}).nbytes(), 7 * bytes) << dtype_name(dt);
+  }
+}
+
+TEST(Tensor, ZerosAreZeroAndZeroSizedShapesWork) {
+  Tensor z = Tensor::zeros(DType::i32, {5, 3});
+  for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(z.data<int32_t>()[i], 0);
+  Tensor none = Tensor::zeros(DType::f32, {0, 8});
+  EXPECT_EQ(none.numel(), 0);
+  EXPECT_EQ(none.nbytes(), 0u);
+  EXPECT_TRUE(none.defined());  // storage exists even for zero elements
+  EXPECT_EQ(none.strides(), (Shape{8, 1}));
+  Tensor scalar = Tensor::zeros(DType::f64, {});
+  EXPECT_EQ(scalar.numel(), 1);
+  EXPECT_EQ(scalar.ndim(), 0);
+  EXPECT_EQ(scalar.data<double>()[0], 0.0);
+}
+
+TEST(Tensor, ViewSharesStorage) {
+  Tensor t = Tensor::empty(DType::f32, {2, 6});
+  for (int i = 0; i < 12; ++i) t.data<float>()[i] = float(i);
+  Tensor v = t.view({3, 4});
+  EXPECT_EQ(v.raw(), t.raw());
+  EXPECT_EQ(v.strides(), (Shape{4, 1}));
+  v.data<float>()[5] = 100.0f;
+  EXPECT_EQ(t.data<float>()[5], 100.0f);
+  EXPECT_EQ(t.view({12}).numel(), 12);
+  EXPECT_EQ(t.view({1, 12, 1}).strides(), (Shape{12, 1, 1}));
+}
+
+TEST(Tensor, BadViewsAreErrors) {
+  Tensor t = Tensor::empty(DType::f32, {2, 6});
+  EXPECT_ERROR_WITH(t.view({5, 2}), "view of 12 elements as 10 elements");
+  EXPECT_ERROR_WITH(t.view({-2, -6}), "negative size");  // numel would match: 12
+  float buf[16] = {};
+  Tensor strided = Tensor::borrow(buf, DType::f32, {4, 2}, {4, 1});  // every other pair
+  EXPECT_FALSE(strided.is_contiguous());
+  EXPECT_ERROR_WITH(strided.view({8}), "contiguous");
+  EXPECT_ERROR_WITH(strided.clone(), "contiguous");
+}
+
+TEST(Tensor, RowsShareStorageAndCheckRange) {
+  Tensor t = Tensor::empty(DType::i64, {5, 3});
+  for (int i = 0; i < 15; ++i) t.data<int64_t>()[i] = i;
+  Tensor r = t.rows(1, 4);  // [3, 3]
+  EXPECT_EQ(r.shape(), (Shape{3, 3}));
+  EXPECT_EQ(r.data<int64_t>()[0], 3);
+  EXPECT_EQ(r.data<int64_t>()[8], 11);
+  EXPECT_TRUE(r.is_contiguous());
+  r.data<int64_t>()[0] = -1;
+  EXPECT_EQ(t.data<int64_t>()[3], -1);
+  EXPECT_EQ(t.rows(5, 5).numel(), 0);
+  EXPECT_EQ(t.rows(2, 4).rows(1, 2).data<int64_t>()[0], 9);
+  EXPECT_ERROR_WITH(t.rows(2, 6), "rows [2, 6) out of range for dim0 = 5");
+  EXPECT_ERROR_WITH(t.rows(3, 2), "out of range");
+  EXPECT_ERROR_WITH(t.rows(-1, 2), "out of range");
+  EXPECT_ERROR_WITH(Tensor::zeros(DType::f32, {}).rows(0, 0), "out of range");
+  // Rows of a strided tensor step by its row stride.
+  int32_t buf[12];
+  for (int i = 0; i < 12; ++i) buf[i] = i;
+  Tensor s = Tensor::borrow(buf, DType::i32, {3, 2}, {4, 1});
+  EXPECT_EQ(s.rows(2, 3).data<int32_t>()[0], 8);
+}
+
+TEST(Tensor, RowsKeepStorageAlive) {
+  Tensor r;
+  {
+    Tensor t = Tensor::empty(DType::f32, {4, 2});
+    for (int i = 0; i < 8; ++i) t.data<float>()[i] = float(i);
+    r = t.rows(2, 4);
+  }
+  EXPECT_TRUE(r.owning());
+  EXPECT_EQ(r.data<float>()[3], 7.0f);
+}
+
+TEST(Tensor, CloneIsADeepCopy) {
+  Tensor t = Tensor::empty(DType::u8, {3, 3});
+  for (int i = 0; i < 9; ++i) t.data<uint8_t>()[i] = uint8_t(i * 7);
+  Tensor c = t.rows(1, 3).clone();
+  EXPECT_NE(c.raw(), t.raw());
+  EXPECT_TRUE(c.owning());
+  EXPECT_EQ(c.shape(), (Shape{2, 3}));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(c.data<uint8_t>()[i], uint8_t((i + 3) * 7));
+  t.data<uint8_t>()[3] = 0;
+  EXPECT_EQ(c.data<uint8_t>()[0], 21);
+  EXPECT_FALSE(Tensor().clone().defined());
+  EXPECT_EQ(Tensor::empty(DType::f32, {0}).clone().numel(), 0);
+}
+
+TEST(Tensor, BorrowDoesNotOwn) {
+  std::vector<float> mem(6, 1.5f);
+  Tensor b = Tensor::borrow(mem.data(), DType::f32, {2, 3});
+  EXPECT_FALSE(b.owning());
+  EXPECT_TRUE(b.defined());
+  EXPECT_EQ(b.raw(), mem.data());
+  EXPECT_EQ(b.strides(), (Shape{3, 1}));
+  b.data<float>()[4] = 2.5f;
+  EXPECT_EQ(mem[4], 2.5f);
+  Tensor c = b.clone();
+  EXPECT_TRUE(c.owning());
+  EXPECT_EQ(c.data<float>()[4], 2.5f);
+  EXPECT_ERROR_WITH(Tensor::borrow(mem.data(), DType::f32, {2, 3}, {3}),
+                    "strides rank 1 != shape rank 2");
+  EXPECT_ERROR_WITH(Tensor::borrow(mem.data(), DType::f32, {2, -3}),
+                    "negative size -3 for dimension 1");
+}
+
+TEST(Tensor, DefaultIsUndefinedAndDimChecksRange) {
+  Tensor t;
+  EXPECT_FALSE(t.defined());
+  EXPECT_FALSE(t.owning());
+  Tensor e = Tensor::empty(DType::f32, {2, 3});
+  EXPECT_ERROR_WITH(e.dim(2), "dim 2 out of range for a 2-d tensor");
+  EXPECT_ERROR_WITH(e.dim(-3), "dim -3 out of range");
+  EXPECT_ERROR_WITH(Tensor::empty(DType::f32, {4, -1}), "negative size");
+}
+
+}  // namespace
+}  // namespace deepinfer

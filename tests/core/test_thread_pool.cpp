@@ -1,0 +1,145 @@
+// ThreadPool: exact coverage of [0, n), grain, exceptions, nesting, and concurrent callers.
+#include <deepinfer/error.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "core/env.h"
+#include "core/thread_pool.h"
+
+namespace deepinfer {
+namespace {
+
+TEST(ThreadPool, CoversEveryIndexExactlyOnceWithGrain) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.num_threads(), threads);
+    for (int64_t n : {0, 1, 2, 3, 7, 31, 100, 1000, 12345}) {
+      for (int64_t grain : {0, 1, 3, 64, 1000, 100000}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::mutex m;
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+          std::lock_guard lock(m);
+          ranges.emplace_back(b, e);
+        });
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[size_t(i)].load(), 1)
+              << "threads " << threads << " n " << n << " grain " << grain << " i " << i;
+        if (n == 0) {
+          EXPECT_TRUE(ranges.empty());
+          continue;
+        }
+        for (auto [b, e] : ranges) {
+          EXPECT_LT(b, e);
+          EXPECT_GE(e - b, std::min(std::max<int64_t>(grain, 1), n)) << "range below grain";
+        }
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, WorkersReallyParticipate) {
+  ThreadPool pool(4);
+  std::mutex m;
+  std::set<std::thread::id> ids;
+  // Each range waits (with a deadline) until a second thread has shown up.
+  pool.parallel_for(64, 1, [&](int64_t, int64_t) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    {
+      std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+    }
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard lock(m);
+        if (ids.size() >= 2) return;
+      }
+      std::this_thread::yield();
+    }
+  });
+  EXPECT_GE(ids.size(), 2u);
+}
+
+TEST(ThreadPool, ExceptionPropagatesAndPoolStaysUsable) {
+  ThreadPool pool(4);
+  for (int rep = 0; rep < 20; ++rep) {
+    try {
+      pool.parallel_for(1000, 1, [&](int64_t b, int64_t e) {
+        if (b <= 500 && 500 < e) throw std::runtime_error("bad index 500");
+      });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "bad index 500");
+    }
+  }
+  // Inline path (one range) too.
+  EXPECT_THROW(pool.parallel_for(5, 100, [](int64_t, int64_t) { throw Error("inline"); }), Error);
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(1000, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 999 * 1000 / 2);
+}
+
+TEST(ThreadPool, NestedCallRunsInlineWithoutDeadlock) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(16, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      pool.parallel_for(100, 1, [&](int64_t b2, int64_t e2) {
+        for (int64_t j = b2; j < e2; ++j) sum += i * 100 + j;
+      });
+  });
+  EXPECT_EQ(sum.load(), 1599 * 1600 / 2);
+  // A pool used from inside another pool's workers.
+  ThreadPool inner(2);
+  std::atomic<int64_t> count{0};
+  pool.parallel_for(8, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      inner.parallel_for(50, 1, [&](int64_t b2, int64_t e2) { count += e2 - b2; });
+  });
+  EXPECT_EQ(count.load(), 8 * 50);
+}
+
+TEST(ThreadPool, ConcurrentCallersFromEightThreads) {
+  ThreadPool pool(4);
+  constexpr int kCallers = 8, kCalls = 40;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c)
+    callers.emplace_back([&, c] {
+      for (int k = 0; k < kCalls; ++k) {
+        const int64_t n = 500 + 37 * c + k;
+        std::vector<int> hits(size_t(n), 0);
+        pool.parallel_for(n, 7, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) hits[size_t(i)] += 1;  // ranges are disjoint
+        });
+        for (int h : hits) wrong += h != 1;
+      }
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST(ThreadPool, SizesAndGlobalPool) {
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(ThreadPool(0).num_threads(), hw);
+  EXPECT_THROW(ThreadPool(-1), Error);
+  const int want = knobs().threads == 0 ? hw : knobs().threads;
+  EXPECT_EQ(global_pool().num_threads(), want);
+  EXPECT_EQ(&global_pool(), &global_pool());
+  std::atomic<int64_t> n{0};
+  global_pool().parallel_for(10000, 16, [&](int64_t b, int64_t e) { n += e - b; });
+  EXPECT_EQ(n.load(), 10000);
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -1,0 +1,257 @@
+// EPBuffer unit tests on the `local` backend at small worlds: config validation, layout against
+// hand-computed counts, input errors agreed on every rank, the collectives each algorithm issues
+// (through a counting Group), and dispatch/combine against the host reference.
+#include <deepinfer/ep.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "counting_group.h"
+#include "ep/check_ep.h"
+#include "ep/reference.h"
+
+namespace deepinfer {
+namespace {
+
+EPConfig small_config(int world) {
+  EPConfig c;
+  c.num_experts = 4 * world;
+  c.hidden = 160;
+  c.num_topk = std::min(4, c.num_experts);
+  c.num_max_tokens_per_rank = 20;
+  c.algo = EpAlgo::ag;
+  c.combine = CombineMode::exact;
+  c.ag_rows = AgRows::max;
+  c.reduce = EpReduce::rs;
+  c.chunk_bytes = 64 << 20;
+  return c;
+}
+
+void run_local(int world, const std::function<void(Group&)>& fn) {
+  LaunchOptions o;
+  o.comm = CommKind::local;
+  o.world = world;
+  o.timeout_s = 20;
+  run_ranks(o, fn);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(EpConfig, ValidateNamesTheField) {
+  EPConfig c = small_config(2);
+  EXPECT_EQ(error_of([&] { c.validate(2); }), "");
+  EPConfig bad = c;
+  bad.num_experts = 9;
+  EXPECT_NE(error_of([&] { bad.validate(2); }).find("num_experts"), std::string::npos);
+  bad = c;
+  bad.num_topk = 0;
+  EXPECT_NE(error_of([&] { bad.validate(2); }).find("num_topk"), std::string::npos);
+  bad = c;
+  bad.num_topk = 9;  // > E = 8
+  EXPECT_NE(error_of([&] { bad.validate(2); }).find("num_topk"), std::string::npos);
+  bad = c;
+  bad.hidden = 0;
+  EXPECT_NE(error_of([&] { bad.validate(2); }).find("hidden"), std::string::npos);
+  bad = c;
+  bad.expert_alignment = 0;
+  EXPECT_NE(error_of([&] { bad.validate(2); }).find("expert_alignment"), std::string::npos);
+  bad = c;
+  bad.chunk_bytes = 100;
+  EXPECT_NE(error_of([&] { bad.validate(2); }).find("chunk_bytes"), std::string::npos);
+  bad = c;
+  bad.num_max_tokens_per_rank = -1;
+  EXPECT_NE(error_of([&] { bad.validate(2); }).find("num_max_tokens_per_rank"), std::string::npos);
+}
+
+TEST(EpConfig, AutoFollowsCapabilitiesAndBytes) {
+  Capabilities trusted;
+  Capabilities no_v;
+  no_v.all_to_all_v = false;
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, 16, 8, trusted), EpAlgo::a2a);
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, 8, 8, trusted), EpAlgo::ag);  // W <= K: same bytes
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, 16, 8, no_v), EpAlgo::ag);
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::a2a, 2, 8, no_v), EpAlgo::a2a);  // explicit stays
+}
+
+TEST(EpLayout, CountsMatchHandComputed) {
+  run_local(2, [](Group& g) {
+    EPConfig c = small_config(2);  // E = 8, L = 4, K = 4
+    EPBuffer buf(g, c);
+    // token 0: experts 0 1 (rank 0) and 5 (rank 1); token 1: all masked; token 2: 7 only.
+    std::vector<int64_t> idx{0, 1, -1, 5, -1, -1, -1, -1, 7, -1, -1, -1};
+    const Layout l = buf.layout(Tensor::borrow(idx.data(), DType::i64, {3, 4}));
+    EXPECT_EQ(l.num_tokens_per_rank, (std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(l.num_tokens_per_expert, (std::vector<int64_t>{1, 1, 0, 0, 0, 1, 0, 1}));
+    EXPECT_EQ(l.is_token_in_rank, (std::vector<uint8_t>{1, 1, 0, 0, 0, 1}));
+    std::vector<int64_t> rep{3, 3, -1, -1};
+    EXPECT_NE(error_of([&] { buf.layout(Tensor::borrow(rep.data(), DType::i64, {1, 4})); }).find("repeats expert 3"),
+              std::string::npos);
+    std::vector<int64_t> oor{8, -1, -1, -1};
+    EXPECT_NE(error_of([&] { buf.layout(Tensor::borrow(oor.data(), DType::i64, {1, 4})); }).find("out of range"),
+              std::string::npos);
+  });
+}
+
+// One dispatch + cached dispatch + combine on `g`, checked against the host reference.
+void dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_t seed) {
+  const int w = g.size(), me = g.rank();
+  ep::ref::GenParams gp{seed, w, cfg};
+  std::vector<ep::ref::RankInput> all;
+  std::vector<int64_t> offset(size_t(w) + 1, 0);
+  for (int r = 0; r < w; ++r) {
+    all.push_back(ep::ref::make_input(gp, r));
+    offset[size_t(r) + 1] = offset[size_t(r)] + all.back().num_tokens;
+  }
+  EPBuffer buf(g, cfg);
+  const DispatchInput in = all[size_t(me)].as_input(cfg);
+  const DispatchOutput out = buf.dispatch(in);
+  const ep::ref::ExpectedDispatch ex = ep::ref::expected_dispatch(all, cfg, w, me);
+  ASSERT_EQ(out.x.nbytes(), ex.x.size());
+  EXPECT_EQ(std::memcmp(out.x.raw(), ex.x.data(), ex.x.size()), 0);
+  ASSERT_EQ(size_t(out.src.numel()), ex.src.size());
+  EXPECT_EQ(std::memcmp(out.src.raw(), ex.src.data(), ex.src.size() * 8), 0);
+  EXPECT_EQ(out.num_recv_tokens_per_expert_aligned, ex.count_aligned);
+  const DispatchOutput cached = buf.dispatch(in.x, in.scales, out.handle);
+  ASSERT_EQ(cached.x.nbytes(), out.x.nbytes());
+  EXPECT_EQ(std::memcmp(cached.x.raw(), out.x.raw(), out.x.nbytes()), 0);
+
+  const int64_t rows = out.src.numel(), h = cfg.hidden, m = cfg.num_max_tokens_per_rank;
+  Tensor y = Tensor::empty(DType::bf16, {rows, h});
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t gid = out.src.data<int64_t>()[i];
+    for (int64_t c = 0; c < h; ++c)
+      y.data<uint16_t>()[i * h + c] =
+          gid < 0 ? uint16_t(0x3f80)
+                  : ep::ref::y_value(seed, offset[size_t(gid / m)] + gid % m,
+                                     cfg.expand ? me * (cfg.num_experts / w) + out.topk_idx.data<int64_t>()[i]
+                                                : cfg.num_experts + me,
+                                     int(c));
+  }
+  const CombineOutput comb = buf.combine(y, out.handle);
+  const ep::ref::ExpectedCombine ec = ep::ref::expected_combine(all, cfg, w, me, seed, offset);
+  ASSERT_EQ(comb.x.nbytes(), ec.x.size() * 2);
+  EXPECT_EQ(std::memcmp(comb.x.raw(), ec.x.data(), ec.x.size() * 2), 0) << cfg.describe();
+  EXPECT_EQ(std::memcmp(comb.topk_weights.raw(), ec.weights.data(), ec.weights.size() * 4), 0);
+}
+
+TEST(EpAllGather, IssuesNoAllToAll) {
+  for (CombineMode cm : {CombineMode::exact, CombineMode::fast})
+    for (EpReduce red : {EpReduce::rs, EpReduce::ar})
+      for (bool expand : {false, true}) {
+        std::mutex mu;
+        std::map<std::string, int> calls;
+        run_local(3, [&](Group& inner) {
+          test::CountingGroup g(inner);
+          EPConfig cfg = small_config(3);
+          cfg.combine = cm;
+          cfg.reduce = red;
+          cfg.expand = expand;
+          cfg.expert_alignment = expand ? 8 : 1;
+          cfg.dispatch_dtype = DispatchDType::fp8;
+          cfg.chunk_bytes = 4096;  // several combine chunks
+          dispatch_combine_vs_reference(g, cfg, 7);
+          std::lock_guard<std::mutex> lock(mu);
+          for (auto& [k, v] : g.calls) calls[k] += v;
+        });
+        EXPECT_EQ(calls["all_to_all"], 0);
+        EXPECT_EQ(calls["all_to_all_v"], 0);
+        EXPECT_GT(calls[red == EpReduce::rs ? "reduce_scatter" : "all_reduce"], 0);
+        // Per rank: construction + dispatch agreement all_reduce, 2 all_gathers (uncached, cached).
+        EXPECT_EQ(calls["all_gather"], 3 * 2);
+      }
+}
+
+TEST(EpAllToAll, CachedDispatchSkipsCountCollective) {
+  run_local(3, [](Group& inner) {
+    test::CountingGroup g(inner);
+    EPConfig cfg = small_config(3);
+    cfg.algo = EpAlgo::a2a;
+    ep::ref::GenParams gp{3, 3, cfg};
+    ep::ref::RankInput in = ep::ref::make_input(gp, g.rank());
+    EPBuffer buf(g, cfg);
+    const DispatchInput di = in.as_input(cfg);
+    const DispatchOutput out = buf.dispatch(di);
+    g.calls.clear();
+    buf.dispatch(di.x, di.scales, out.handle);
+    EXPECT_EQ(g.calls["all_gather"], 0);
+    EXPECT_EQ(g.calls["all_reduce"], 0);
+    EXPECT_EQ(g.calls["all_to_all"] + g.calls["all_to_all_v"], 1);
+  });
+}
+
+TEST(EpAllToAll, MatchesReferenceWithEveryLowering) {
+  for (bool trust_v : {true, false})
+    for (CombineMode cm : {CombineMode::exact, CombineMode::fast})
+      run_local(4, [&](Group& inner) {
+        test::NoA2avGroup no_v(inner);
+        Group& g = trust_v ? inner : static_cast<Group&>(no_v);
+        EPConfig cfg = small_config(4);
+        cfg.algo = EpAlgo::a2a;
+        cfg.combine = cm;
+        cfg.expand = true;
+        dispatch_combine_vs_reference(g, cfg, 11);
+      });
+}
+
+TEST(EpValidation, InvalidInputThrowsOnEveryRank) {
+  std::atomic<int> errors{0}, timeouts{0};
+  run_local(3, [&](Group& g) {
+    EPConfig cfg = small_config(3);
+    ep::ref::GenParams gp{5, 3, cfg};
+    ep::ref::RankInput in = ep::ref::make_input(gp, g.rank() == 2 ? 0 : g.rank());
+    if (g.rank() == 2) in.topk_idx[1] = in.topk_idx[0] = 2;  // repeated expert
+    EPBuffer buf(g, cfg);
+    try {
+      buf.dispatch(in.as_input(cfg));
+    } catch (const CommTimeout&) {
+      ++timeouts;
+    } catch (const Error& e) {
+      ++errors;
+      if (g.rank() == 2) EXPECT_NE(std::string(e.what()).find("repeats expert 2"), std::string::npos) << e.what();
+      else EXPECT_NE(std::string(e.what()).find("rank 2 passed invalid input"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_EQ(errors.load(), 3);
+  EXPECT_EQ(timeouts.load(), 0);
+}
+
+TEST(EpValidation, MismatchedMaxTokensDetectedAtConstruction) {
+  std::atomic<int> errors{0};
+  run_local(2, [&](Group& g) {
+    EPConfig cfg = small_config(2);
+    if (g.rank() == 1) cfg.num_max_tokens_per_rank = 21;
+    const std::string e = error_of([&] { EPBuffer buf(g, cfg); });
+    EXPECT_NE(e.find("num_max_tokens_per_rank differs across ranks"), std::string::npos) << e;
+    errors += !e.empty();
+  });
+  EXPECT_EQ(errors.load(), 2);
+}
+
+// The `check ep` matrix itself at small worlds (the CLI runs it at 1..64 in the ep stage).
+class EpCheckMatrix : public ::testing::TestWithParam<int> {};
+TEST_P(EpCheckMatrix, Passes) {
+  std::atomic<int> failed{0}, passed{0};
+  run_local(GetParam(), [&](Group& g) {
+    ep::CheckEpOptions o;
+    const ep::CheckEpResult r = ep::run_check_ep(g, o);
+    if (g.rank() == 0) {
+      failed = r.failed;
+      passed = r.passed;
+    }
+  });
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(passed.load(), 0);
+}
+INSTANTIATE_TEST_SUITE_P(Worlds, EpCheckMatrix, ::testing::Values(1, 2, 3));
+
+}  // namespace
+}  // namespace deepinfer

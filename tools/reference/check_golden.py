@@ -1,0 +1,70 @@
+"""Compares a regenerated golden folder with the committed one (scripts/stages/reference.sh).
+
+    /usr/bin/python3 tools/reference/check_golden.py COMMITTED_DIR REGENERATED_DIR [--rtol 1e-5]
+Token ids, greedy continuations, routing decisions and tokenizer cases must be identical; logits
+must agree per position to ||a-b||/||b|| <= rtol (the same reference on the same inputs is
+expected bit-identical; rtol only absorbs a different BLAS's float64 summation order).
+Last line: `reference: N passed, M failed`.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def load(d):
+    with open(os.path.join(d, "golden.json"), encoding="utf-8") as f:
+        g = json.load(f)
+    with open(os.path.join(d, "tokenizer_cases.json"), encoding="utf-8") as f:
+        t = json.load(f)
+    return g, t
+
+
+def logits(d, entry):
+    a = np.fromfile(os.path.join(d, entry["logits_file"]), dtype="<f4")
+    t, v = entry["logits_shape"]
+    if a.size != t * v:
+        raise ValueError(f"{d}/{entry['logits_file']}: {a.size} floats, expected {t}x{v}")
+    return a.reshape(t, v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("committed")
+    ap.add_argument("regenerated")
+    ap.add_argument("--rtol", type=float, default=1e-5)
+    args = ap.parse_args()
+    (ga, ta), (gb, tb) = load(args.committed), load(args.regenerated)
+    passed = failed = 0
+
+    def report(name, ok, detail):
+        nonlocal passed, failed
+        print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}")
+        passed, failed = passed + ok, failed + (not ok)
+
+    report("prompt count", len(ga["prompts"]) == len(gb["prompts"]), f"{len(ga['prompts'])} vs {len(gb['prompts'])}")
+    for a, b in zip(ga["prompts"], gb["prompts"]):
+        name = f"prompt {a['index']}"
+        same = a["ids"] == b["ids"] and a["generated_ids"] == b["generated_ids"]
+        report(f"{name} ids + greedy", same, f"{len(a['ids'])} ids, {len(a['generated_ids'])} generated")
+        route_same = all(a["routing"][k]["experts"] == b["routing"].get(k, {}).get("experts") for k in a["routing"])
+        report(f"{name} routing", route_same, f"layers {sorted(a['routing'])}, min router margin {a['min_router_margin']:.4f}")
+        la, lb = logits(args.committed, a), logits(args.regenerated, b)
+        if la.shape != lb.shape:
+            report(f"{name} logits", False, f"shape {la.shape} vs {lb.shape}")
+            continue
+        rel = np.linalg.norm(la - lb, axis=1) / np.maximum(np.linalg.norm(la, axis=1), 1e-30)
+        bitwise = int((la.view(np.uint32) == lb.view(np.uint32)).sum())
+        report(f"{name} logits", bool(rel.max() <= args.rtol) and not np.isnan(lb).any(),
+               f"max rel {rel.max():.2e} over {la.shape[0]} positions, {bitwise}/{la.size} bit-identical")
+    tok_same = [x["ids"] == y["ids"] and x["text"] == y["text"] for x, y in zip(ta, tb)]
+    report("tokenizer cases", len(ta) == len(tb) and all(tok_same), f"{sum(tok_same)}/{len(ta)} identical")
+    print(f"reference: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Self-checks of the reference against closed forms and brute force (run by scripts/stages/reference.sh).
+
+    /usr/bin/python3 tools/reference/test_reference.py [--model models/tiny]
+Prints one line per check and exits non-zero on any failure.
+"""
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numerics as nx  # noqa: E402
+from bpe import Tokenizer  # noqa: E402
+from model import Config, Model, rope_inv_freq, softmax_scale  # noqa: E402
+from safetensors_io import SafetensorsError, read_safetensors, write_safetensors  # noqa: E402
+
+FAILURES = []
+
+
+def check(name, ok, detail=""):
+    print(f"{'PASS' if ok else 'FAIL'}  {name}{('  ' + detail) if detail else ''}")
+    if not ok:
+        FAILURES.append(name)
+
+
+def e4m3_brute(x):
+    """Nearest e4m3 code by exhaustive search in float64, ties to the even code, saturating."""
+    vals = nx.E4M3_TABLE[:127].double()
+    out = []
+    for v in x.tolist():
+        a = abs(v)
+        if math.isnan(v):
+            out.append(0x7F | (0x80 if math.copysign(1, v) < 0 else 0))
+            continue
+        if a >= 448:
+            c = 126
+        else:
+            d = (vals - a).abs()
+            cands = (d == d.min()).nonzero().flatten().tolist()
+            c = cands[0] if len(cands) == 1 else [k for k in cands if k % 2 == 0][0]
+        out.append(c | (0x80 if math.copysign(1, v) < 0 else 0))
+    return torch.tensor(out, dtype=torch.uint8)
+
+
+def test_fp8():
+    t = nx.E4M3_TABLE
+    check("e4m3 decode table", t[0x7E] == 448 and t[0x01] == 2.0**-9 and t[0x08] == 2.0**-6
+          and t[0x38] == 1.0 and t[0xB8] == -1.0 and math.isnan(t[0x7F]) and math.isnan(t[0xFF]))
+    g = torch.Generator().manual_seed(1)
+    mids = (nx.E4M3_TABLE[:126] + nx.E4M3_TABLE[1:127]) / 2
+    x = torch.cat([torch.randn(4000, generator=g) * 60, torch.randn(2000, generator=g) * 0.005, mids, -mids,
+                   torch.tensor([0.0, -0.0, 448.0, 449.0, 464.0, 1e9, -1e9, float("inf"), float("-inf"), float("nan")])])
+    got, want = nx.e4m3_encode(x), e4m3_brute(x)
+    check("e4m3 encode == brute-force RNE (incl. every midpoint, saturation, NaN)", bool((got == want).all()),
+          f"{int((got != want).sum())} of {x.numel()} differ")
+
+    xa = nx.bf16(torch.randn(3, 256, generator=g) * 3)
+    xa[1, :128] = 0  # an all-zero group takes the 1e-4 clamp
+    q, s = nx.act_quant(xa)
+    amax = xa.reshape(3, 2, 128).abs().amax(-1)
+    check("act_quant scale = max(amax,1e-4)/448", bool((s == torch.clamp(amax, min=1e-4) / 448).all())
+          and s[1, 0].item() == torch.tensor(1e-4 / 448, dtype=torch.float32).item())
+    check("act_quant hits +-448 in every non-zero group", bool((q.abs().amax(-1)[amax > 0] == 448).all()))
+
+    w = torch.randn(160, 256, generator=g) * 0.05
+    w[128:, 128:] = 0  # a zero edge block
+    qw = nx.quantize_weight(w)
+    blocks_amax = torch.stack([w[:128, :128].abs().max(), w[:128, 128:].abs().max(), w[128:, :128].abs().max(),
+                               torch.tensor(0.0)]).reshape(2, 2)
+    check("weight scales: [ceil(N/128), ceil(K/128)], amax/448, zero block -> 0",
+          tuple(qw.scale_inv.shape) == (2, 2) and bool((qw.scale_inv == blocks_amax / 448).all()))
+    err = (qw.dequant_fp32() - w).abs() / qw.row_col_scales().clamp(min=1e-30)
+    check("weight dequant error <= half an e4m3 step (<= 16 units of S)", float(err.max()) <= 16.0,
+          f"max {float(err.max()):.3f}")
+
+    xx = nx.bf16(torch.randn(7, 256, generator=g))
+    y = nx.fp8_linear(xx, qw)
+    qa, sa = nx.act_quant(xx)
+    exact = (qa.reshape(7, 256).double() * sa.repeat_interleave(128, 1).double()) @ qw.dequant_fp32().double().t()
+    ulps = (y.double() - nx.bf16(exact).double()).abs() / nx.bf16(exact).double().abs().clamp(min=1e-30) * 256
+    check("fp8_linear == bf16(exact dequantized product) within 1 bf16 ulp", float(ulps.max()) <= 1.0 + 1e-9,
+          f"{int((y != nx.bf16(exact)).sum())} of {y.numel()} differ by 1 ulp")
+
+
+def test_safetensors():
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "t.safetensors")
+        a = torch.randn(3, 5)
+        b = torch.randn(130).to(torch.bfloat16)
+        c = nx.e4m3_encode(torch.randn(4, 4))
+        write_safetensors(p, {"a": ("F32", a), "b": ("BF16", b), "c": ("F8_E4M3", c)}, {"format": "pt"})
+        t, meta = read_safetensors(p)
+        ok = (t["a"][0] == "F32" and torch.equal(t["a"][1], a) and torch.equal(t["b"][1].view(torch.int16), b.view(torch.int16))
+              and t["c"][0] == "F8_E4M3" and torch.equal(t["c"][1], c) and meta == {"format": "pt"})
+        check("safetensors round trip F32/BF16/F8_E4M3 + metadata", ok)
+        with open(p, "rb") as f:
+            blob = f.read()
+        with open(p, "wb") as f:
+            f.write(blob[:-10])
+        try:
+            read_safetensors(p)
+            check("safetensors truncated file is an error", False)
+        except SafetensorsError as e:
+            check("safetensors truncated file is an error", "data_offsets" in str(e), str(e)[:80])
+
+
+def test_rope_router():
+    v3 = {"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+          "num_hidden_layers": 61, "num_attention_heads": 128, "first_k_dense_replace": 3, "n_routed_experts": 256,
+          "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
+          "scoring_func": "sigmoid", "routed_scaling_factor": 2.5, "q_lora_rank": 1536, "kv_lora_rank": 512,
+          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rms_norm_eps": 1e-6,
+          "rope_theta": 10000, "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                                "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+    cfg = Config(v3)
+    f = rope_inv_freq(cfg)
+    base = torch.tensor([10000 ** (-(2.0 * i) / 64) for i in range(32)], dtype=torch.float64).float()
+    check("YaRN V3: indices <= 10 untouched, >= 23 divided by 40",
+          bool((f[:11] == base[:11]).all()) and bool(torch.allclose(f[23:], base[23:] / 40, rtol=1e-6)))
+    check("softmax scale V3 = 0.1352338", abs(softmax_scale(cfg) - 0.1352338) < 1e-6, f"{softmax_scale(cfg):.7f}")
+    lite = dict(v3, qk_nope_head_dim=128, rope_scaling=dict(v3["rope_scaling"], mscale=0.707, mscale_all_dim=0.707))
+    check("softmax scale V2-Lite = 0.1147214", abs(softmax_scale(Config(lite)) - 0.1147214) < 1e-6)
+
+    # Router on a hand-built case: 8 experts, 4 groups of 2, keep 2 groups, top-2.
+    small = dict(v3, hidden_size=2, n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                 routed_scaling_factor=2.0)
+    logit = torch.tensor([[0.0, 0.0, 1.0, -1.0, 2.0, 2.0, -3.0, 0.5]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 0.0])  # bias lifts expert 6 into the top-2
+    m = Model(Config(small), {"model.layers.0.mlp.gate.weight": ("F32", torch.zeros(8, 2)),
+                              "model.layers.0.mlp.gate.e_score_correction_bias": ("F32", bias)})
+    import model as mdl
+    saved = mdl.dot_f32
+    mdl.dot_f32 = lambda x, w: logit  # inject the router logits
+    try:
+        idx, w, margin = m.route(0, torch.zeros(1, 2))
+    finally:
+        mdl.dot_f32 = saved
+    s = torch.sigmoid(logit[0])
+    # biased: e6 = 5.047; groups: g3 = e6+e7, g2 = e4+e5 (tie e4 == e5 -> lower id e4 first)
+    want_w = torch.stack([s[6], s[4]]) / (s[6] + s[4]) * 2.0
+    check("router: bias selects but does not weight; ties -> lower id; slot order by biased score",
+          idx.tolist() == [[6, 4]] and torch.allclose(w[0], want_w), f"idx {idx.tolist()} w {w.tolist()}")
+    check("router margin: tie between e4 and e5 gives margin 0", float(margin[0]) == 0.0, f"{float(margin[0])}")
+
+
+def test_tokenizer(model_dir):
+    tok = Tokenizer.load(os.path.join(model_dir, "tokenizer.json"))
+    texts = ["This program is free software.", "  mixed 数字と漢字 Привет 🙂 e\u0301 \r\n\t x  ", "",
+             "<｜User｜>hi<｜Assistant｜>"]
+    ok = all(tok.decode(tok.encode(t)) == t for t in texts)
+    check("tokenizer round trip (mixed scripts, whitespace, special tokens)", ok)
+    ids = tok.encode("<｜User｜>hi<｜Assistant｜>", add_bos=True)
+    check("special tokens are single ids; BOS = 0", ids[0] == 0 and ids[1] == 2 and ids[-1] == 3, str(ids))
+
+
+def test_attention_forms(model_dir):
+    """The absorbed form used by the reference agrees with the naive form (float64) to bf16 noise."""
+    m = Model.load(model_dir)
+    c = m.cfg
+    g = torch.Generator().manual_seed(3)
+    x = nx.bf16(torch.randn(9, c.hidden_size, generator=g))
+    pos = torch.arange(9)
+    absorbed = m.mla_heads(0, x, pos)  # before o_proj, whose fp8 cast would amplify rounding flips
+    # naive, all float64 after the same q/kv projections
+    from model import apply_rope, rms_norm
+    p = "model.layers.0.self_attn."
+    nh, dn, dr, dv, r = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
+    q = m.linear(p + "q_b_proj", rms_norm(m.linear(p + "q_a_proj", x), m.vec(p + "q_a_layernorm.weight"), c.rms_norm_eps))
+    q = q.reshape(9, nh, dn + dr)
+    q_pe = apply_rope(q[..., dn:], pos, m.inv_freq, m.attn_factor)
+    kv = m.linear(p + "kv_a_proj_with_mqa", x)
+    c_n = rms_norm(kv[:, :r], m.vec(p + "kv_a_layernorm.weight"), c.rms_norm_eps)
+    k_pe = apply_rope(kv[:, r:], pos, m.inv_freq, m.attn_factor)
+    kvb = (c_n.double() @ m.dense_weight(p + "kv_b_proj").double().t()).reshape(9, nh, dn + dv)
+    s = (torch.einsum("thd,shd->hts", q[..., :dn].double(), kvb[..., :dn]) +
+         torch.einsum("thd,sd->hts", q_pe.double(), k_pe.double())) * m.scale
+    s = s.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1)[None], float("-inf"))
+    o = torch.einsum("hts,shv->thv", torch.softmax(s, -1), kvb[..., dn:]).reshape(9, nh * dv)
+    rel = float((absorbed - o).norm() / o.norm())
+    check("MLA absorbed form == naive form (float64) within bf16 noise", rel < 5e-3, f"rel {rel:.2e}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    test_fp8()
+    test_safetensors()
+    test_rope_router()
+    test_tokenizer(args.model)
+    if os.path.exists(os.path.join(args.model, "model.safetensors")):
+        test_attention_forms(args.model)
+    print(f"test_reference: {len(FAILURES)} failed" + (f": {', '.join(FAILURES)}" if FAILURES else ""))
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Writes the golden data the C++ engine is checked against (format: models/tiny/golden/README.md).
+
+For each line of prompts.txt: token ids ([BOS] + the reference encoder's ids), the greedy
+continuation (full recompute each step, reference forward in "fp8" mode), fp32 logits at every
+position of the final pass, per-position top-1/top-2 margins, routing decisions per MoE layer and
+the smallest router margin. Also tokenizer_cases.json: the reference encoder's ids for mixed text.
+
+    /usr/bin/python3 tools/reference/write_golden.py --model models/tiny --out models/tiny/golden
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bpe import Tokenizer  # noqa: E402
+from model import Model, greedy  # noqa: E402
+
+MAX_NEW_TOKENS = 16
+
+# Mixed text for the tokenizer golden: scripts, digits, whitespace runs, CRLF, special tokens.
+TOKENIZER_TEXTS = [
+    "",
+    "This program is free software; you can redistribute it and/or modify it",
+    "Copyright (C) 2007 Free Software Foundation, Inc. <https://fsf.org/>",
+    "  leading spaces,\ttabs,\nnewlines\r\nand   runs   of   spaces  ",
+    "trailing newlines\n\n\n",
+    "numbers 1 12 123 1234 12345 3.14159 -42 1,000,000 ２０２５",
+    "数字と漢字のテスト、そして한국어 문장도 있어요. 中文分词测试。",
+    "Привет, мир! Ελληνικά κείμενα. עברית ועוד. العربية ١٢٣",
+    "Emoji 🙂🌊🦓 and symbols €£¥ © ® ™ ∑ ∫ √ — “quotes” ‘single’ …",
+    "combining e\u0301 and precomposed é; ligature ﬁ; Zürich, São Paulo, Ærøskøbing",
+    "def main():\n    return {'key': [1, 2, 3]}  # code\n\nprint(main())",
+    "URLs like https://example.com/path?q=1&r=2 and e-mail@example.org",
+    "<｜User｜>What is copyleft?<｜Assistant｜>Copyleft is a license.<｜end▁of▁sentence｜>",
+    "<｜begin▁of▁sentence｜>text after BOS<｜User｜><｜Assistant｜>",
+    "IN NO EVENT SHALL THE AUTHORS BE LIABLE; don't, won't, it's, we'll, they've",
+    "tab\tthen\u00a0nbsp and\u3000ideographic space",
+]
+
+
+def top2_margin(logits):
+    v = torch.topk(logits, 2, dim=-1).values
+    return v[:, 0] - v[:, 1]
+
+
+def write_prompt_golden(model, tok, index, text, out_dir, max_new):
+    ids = tok.encode(text, add_bos=True)
+    new_ids, logits, trace = greedy(model, ids, max_new)
+    t_len, vocab = logits.shape
+    fn = f"logits_{index}.f32"
+    logits.contiguous().numpy().astype("<f4").tofile(os.path.join(out_dir, fn))
+    margins = top2_margin(logits)
+    routing = {}
+    router_margins = []
+    for layer, tr in sorted(trace.items()):
+        routing[str(layer)] = {
+            "experts": tr["experts"].tolist(),
+            "weights": [[float(w) for w in row] for row in tr["weights"]],
+            "margins": [float(m) for m in tr["margin"]],
+        }
+        router_margins.append(float(tr["margin"].min()))
+    return {
+        "index": index,
+        "text": text,
+        "ids": ids,
+        "generated_ids": new_ids,
+        "generated_text": tok.decode(new_ids),
+        "num_positions": t_len,
+        "logits_file": fn,
+        "logits_shape": [t_len, vocab],
+        "top1": [int(i) for i in torch.argmax(logits, dim=-1)],
+        "margins": [float(m) for m in margins],
+        "min_margin": float(margins.min()),
+        "routing": routing,
+        "min_router_margin": min(router_margins) if router_margins else None,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="checkpoint folder (config.json, model.safetensors, tokenizer.json)")
+    ap.add_argument("--out", required=True, help="golden folder to write")
+    ap.add_argument("--prompts", help="prompts file, one per line (default: OUT/prompts.txt)")
+    ap.add_argument("--mode", default="fp8", choices=["fp8", "bf16"])
+    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    os.makedirs(args.out, exist_ok=True)
+    prompts_path = args.prompts or os.path.join(args.out, "prompts.txt")
+    with open(prompts_path, encoding="utf-8") as f:
+        prompts = [line.rstrip("\n") for line in f if line.strip()]
+    tok = Tokenizer.load(os.path.join(args.model, "tokenizer.json"))
+    model = Model.load(args.model, mode=args.mode)
+
+    entries = []
+    for i, text in enumerate(prompts):
+        e = write_prompt_golden(model, tok, i, text, args.out, args.max_new_tokens)
+        entries.append(e)
+        print(f"prompt {i}: {len(e['ids'])} ids, min logit margin {e['min_margin']:.3f}, "
+              f"min router margin {e['min_router_margin']:.4f}\n  {text!r} -> {e['generated_text']!r}", flush=True)
+    golden = {
+        "format": "deepinfer-golden-1",
+        "generator": "tools/reference/write_golden.py",
+        "torch_version": torch.__version__,
+        "mode": args.mode,
+        "add_bos": True,
+        "max_new_tokens": args.max_new_tokens,
+        "vocab_size": model.cfg.vocab_size,
+        "moe_layers": [i for i in range(model.cfg.num_hidden_layers) if model.cfg.is_moe_layer(i)],
+        "min_margin": min(e["min_margin"] for e in entries),
+        "min_router_margin": min(e["min_router_margin"] for e in entries),
+        "prompts": entries,
+    }
+    with open(os.path.join(args.out, "golden.json"), "w", encoding="utf-8") as f:
+        json.dump(golden, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    cases = [{"text": t, "ids": tok.encode(t)} for t in TOKENIZER_TEXTS]
+    with open(os.path.join(args.out, "tokenizer_cases.json"), "w", encoding="utf-8") as f:
+        json.dump(cases, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"write_golden: {len(entries)} prompts, min logit margin {golden['min_margin']:.4f}, "
+          f"min router margin {golden['min_router_margin']:.4f}; {len(cases)} tokenizer cases -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
