@@ -8,7 +8,11 @@ overloaded expert moves down by gamma, an underloaded one up), and a hinge loss 
 top-k/top-(k+1) and group selection margins apart so the exported model routes decisively.
 
     /usr/bin/python3 tools/reference/train_tiny.py --out models/tiny [--steps 500]
-(run train_tokenizer.py first: it writes models/tiny/tokenizer.json.)
+    /usr/bin/python3 tools/reference/train_tiny.py --init-from models/tiny --out models/tiny --qat ...
+(run train_tokenizer.py first: it writes models/tiny/tokenizer.json. models/tiny/README.md has the
+exact commands that made the committed checkpoint: a plain phase, then a quantization-aware
+fine-tune (--qat: the forward sees the exported FP8/BF16 weights through a straight-through
+estimator) with a strong margin hinge, so the exported model's routing margins are real.)
 """
 
 import argparse

@@ -1,0 +1,33 @@
+# End to end (issue 5): `deepinfer check e2e` on models/tiny against the PyTorch golden at EP 1, 2,
+# 4, 8 on `local` and 2, 4 on `mpi`, for both EP algorithms (ag, a2a), with `exact` combine; every
+# run must print the same logits hash as EP 1 (bit-identical across EP sizes and algorithms,
+# enforced with --expect-hash). Then the README demo command as a smoke run.
+set -euo pipefail
+export DEEPINFER_COMM_TIMEOUT_S=${DEEPINFER_COMM_TIMEOUT_S:-120}
+export DEEPINFER_EP_COMBINE=exact
+MODEL=${MODEL:-models/tiny}
+
+echo "--- check e2e local EP=1 (baseline)"
+out=$("$DEEPINFER" check e2e --model "$MODEL" --ep 1)
+echo "$out" | tail -4
+hash=$(echo "$out" | sed -n 's/^logits hash: //p')
+[[ -n "$hash" ]] || { echo "e2e: no logits hash printed"; exit 1; }
+
+for algo in ag a2a; do
+  for ep in 2 4 8; do
+    echo "--- check e2e local EP=$ep algo=$algo"
+    "$DEEPINFER" check e2e --model "$MODEL" --ep "$ep" --comm local --algo "$algo" --expect-hash "$hash" | tail -3
+  done
+  for ep in 2 4; do
+    echo "--- check e2e mpi EP=$ep algo=$algo"
+    mpirun --oversubscribe -np "$ep" "$DEEPINFER" check e2e --model "$MODEL" --ep "$ep" --comm mpi --algo "$algo" \
+      --expect-hash "$hash" | tail -3
+  done
+done
+
+echo "--- generate (README demo, EP=2)"
+text=$("$DEEPINFER" generate --model "$MODEL" \
+  --prompt "The GNU General Public License is a free, copyleft license for" --max-tokens 16 --ep 2)
+echo "$text"
+# The reference's greedy continuation of this prompt (models/tiny/README.md).
+grep -q "software and other kinds of works" <<<"$text" || { echo "generate: unexpected continuation"; exit 1; }
