@@ -48,7 +48,9 @@ struct EPConfig {
   CombineMode combine = knobs().ep_combine;
   AgRows ag_rows = knobs().ep_ag_rows;
   EpReduce reduce = knobs().ep_reduce;
-  size_t chunk_bytes = knobs().ep_chunk_bytes;  // largest temporary per collective (ag combine)
+  // Largest temporary of one ag combine collective; a chunk holds at least one token row per
+  // rank, so W·cols·4 bytes (cols = K·H + K exact, H + K fast) is the floor.
+  size_t chunk_bytes = knobs().ep_chunk_bytes;
 
   int scale_cols() const { return dispatch_dtype == DispatchDType::fp8 ? (hidden + kEpScaleBlock - 1) / kEpScaleBlock : 0; }
   // Throws Error naming the field. world = group size.

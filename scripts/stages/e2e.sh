@@ -25,6 +25,20 @@ for algo in ag a2a; do
   done
 done
 
+# The host kernels round differently from cpu in a few places; on 3 of the 6 prompts that moves
+# one position's logits by up to 7e-2 (argmax and greedy tokens still agree), hence the looser
+# tolerance here (known, under investigation with `deepinfer diff`).
+echo "--- check e2e local EP=2 on the host (reference) kernels"
+DEEPINFER_KERNELS=host "$DEEPINFER" check e2e --model "$MODEL" --ep 2 --tol 1e-1 | tail -2
+echo "--- check e2e local EP=4 fast combine (golden tolerance; not bit-identical across EP by design)"
+# fast combine rounds per-rank partials to bf16 (DESIGN §4): this memorising model amplifies that
+# into up to 6e-2 on a few positions and one router flip at margin ~1e-3, hence looser tolerances.
+DEEPINFER_EP_COMBINE=fast "$DEEPINFER" check e2e --model "$MODEL" --ep 4 --tol 1e-1 --router-tol 1e-2 | tail -2
+
+echo "--- generate: the golden prompts spread over 2 ranks (mpi)"
+mpirun --oversubscribe -np 2 "$DEEPINFER" generate --model "$MODEL" --prompts-file "$MODEL/golden/prompts.txt" \
+  --max-tokens 8 --ep 2 --comm mpi | tail -6
+
 echo "--- generate (README demo, EP=2)"
 text=$("$DEEPINFER" generate --model "$MODEL" \
   --prompt "The GNU General Public License is a free, copyleft license for" --max-tokens 16 --ep 2)

@@ -391,7 +391,7 @@ struct EPBuffer::Impl {
     rp.reduce = cfg.reduce;
     rp.rows = h.ag_rows;
     rp.cols = cols;
-    rp.chunk_rows = std::max<size_t>(1, cfg.chunk_bytes / (size_t(world) * cols * 4));
+    rp.chunk_rows = sizes.combine_chunk_rows;  // ep_size_hint
     const int64_t* own_idx = h.topk_idx.data<int64_t>();
     uint16_t* ox = out.x.data<uint16_t>();
     float* ow = out.topk_weights.data<float>();

@@ -36,7 +36,8 @@ struct EpSizes {
   size_t combine_chunk_rows = 0;  // ag combine rows per rank per chunk (>= 1)
   size_t combine_chunk_floats = 0;  // W · chunk_rows · cols
 };
-// The single sizing function (a size hint); buffers grow to these on first use and are reused.
+// The single sizing function (a size hint): the bounds EPBuffer's reusable buffers grow towards
+// (on demand, never shrinking) and the ag combine chunking.
 EpSizes ep_size_hint(const EPConfig& cfg, int world);
 
 }  // namespace deepinfer::ep

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <deepinfer/dtype.h>
-
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -29,19 +28,22 @@ constexpr int64_t kMlaPageSize = 64;  // tokens per page of the latent cache (Fl
 // Prefill over a batch of sequences packed back to back (flash-attn varlen layout), in either
 // form: naive (k and v set, kv null) or absorbed (kv set, k and v null).
 struct MlaPrefillParams {
-  const bf16* q = nullptr;   // [Tq, H, D] bf16 (absorbed: [q~ | q_pe] per head)
-  const bf16* k = nullptr;   // naive: [Tk, H, D] bf16
-  const bf16* v = nullptr;   // naive: [Tk, H, Dv] bf16
-  const bf16* kv = nullptr;  // absorbed: [Tk, D] bf16 ([c_n | k_pe], shared by all heads; V = first Dv)
-  const int32_t* cu_seqlens_q = nullptr;  // [B+1] i32: query rows of sequence b are [cu[b], cu[b+1])
-  const int32_t* cu_seqlens_k = nullptr;  // [B+1] i32: key rows likewise (n_k >= n_q with a cached prefix)
-  bf16* o = nullptr;         // [Tq, H, Dv] bf16 (absorbed: the latent o~)
-  float* lse = nullptr;      // [H, Tq] f32 or null
-  int64_t num_seqs = 1;      // B
-  int64_t num_heads = 0;     // H (query heads)
-  int64_t head_dim = 0;      // D: q/k channels (naive 192; absorbed 576)
-  int64_t head_dim_v = 0;    // Dv (naive 128; absorbed 512)
-  float softmax_scale = 0;   // mla_softmax_scale(192, rope) for DeepSeek, in both forms
+  const bf16* q = nullptr;  // [Tq, H, D] bf16 (absorbed: [q~ | q_pe] per head)
+  const bf16* k = nullptr;  // naive: [Tk, H, D] bf16
+  const bf16* v = nullptr;  // naive: [Tk, H, Dv] bf16
+  const bf16* kv =
+      nullptr;  // absorbed: [Tk, D] bf16 ([c_n | k_pe], shared by all heads; V = first Dv)
+  const int32_t* cu_seqlens_q =
+      nullptr;  // [B+1] i32: query rows of sequence b are [cu[b], cu[b+1])
+  const int32_t* cu_seqlens_k =
+      nullptr;              // [B+1] i32: key rows likewise (n_k >= n_q with a cached prefix)
+  bf16* o = nullptr;        // [Tq, H, Dv] bf16 (absorbed: the latent o~)
+  float* lse = nullptr;     // [H, Tq] f32 or null
+  int64_t num_seqs = 1;     // B
+  int64_t num_heads = 0;    // H (query heads)
+  int64_t head_dim = 0;     // D: q/k channels (naive 192; absorbed 576)
+  int64_t head_dim_v = 0;   // Dv (naive 128; absorbed 512)
+  float softmax_scale = 0;  // mla_softmax_scale(192, rope) for DeepSeek, in both forms
   bool causal = true;
   void validate() const;
   bool absorbed() const { return kv != nullptr; }
@@ -57,13 +59,13 @@ struct MlaDecodeParams {
   const bf16* kv_cache = nullptr;        // [num_pages, page_size, D] bf16 ([c_n | k_pe] per token)
   const int32_t* block_table = nullptr;  // [B, max_pages_per_seq] i32
   const int32_t* cache_seqlens = nullptr;  // [B] i32
-  bf16* o = nullptr;                     // [B, s_q, H, Dv] bf16 (latent o~)
-  float* lse = nullptr;                  // [B, H, s_q] f32 or null
-  int64_t batch = 0;              // B
-  int64_t s_q = 1;                // query tokens per sequence (> 1: MTP / chunked prefill)
-  int64_t num_heads = 0;          // H
-  int64_t head_dim = 576;         // D
-  int64_t head_dim_v = 512;       // Dv: output = the first Dv channels of the cache rows
+  bf16* o = nullptr;                       // [B, s_q, H, Dv] bf16 (latent o~)
+  float* lse = nullptr;                    // [B, H, s_q] f32 or null
+  int64_t batch = 0;                       // B
+  int64_t s_q = 1;                         // query tokens per sequence (> 1: MTP / chunked prefill)
+  int64_t num_heads = 0;                   // H
+  int64_t head_dim = 576;                  // D
+  int64_t head_dim_v = 512;                // Dv: output = the first Dv channels of the cache rows
   int64_t page_size = kMlaPageSize;
   int64_t num_pages = 0;          // pages in kv_cache (block table entries are checked against it)
   int64_t max_pages_per_seq = 0;  // columns of block_table
@@ -89,8 +91,9 @@ template <>
 struct OpSpec<MlaPrefillParams> {
   static constexpr const char* name = "mla_prefill";
   static std::string shape(const MlaPrefillParams& p) {
-    return fmt::format("{} b={} tq={} tk={} h={} d={} dv={}{}", p.absorbed() ? "absorbed" : "naive", p.num_seqs,
-                       p.total_q(), p.total_k(), p.num_heads, p.head_dim, p.head_dim_v, p.causal ? " causal" : "");
+    return fmt::format("{} b={} tq={} tk={} h={} d={} dv={}{}", p.absorbed() ? "absorbed" : "naive",
+                       p.num_seqs, p.total_q(), p.total_k(), p.num_heads, p.head_dim, p.head_dim_v,
+                       p.causal ? " causal" : "");
   }
   template <class V>
   static void visit(MlaPrefillParams& p, V& v) {
@@ -110,8 +113,8 @@ template <>
 struct OpSpec<MlaDecodeParams> {
   static constexpr const char* name = "mla_decode";
   static std::string shape(const MlaDecodeParams& p) {
-    return fmt::format("b={} s_q={} h={} d={} dv={} page={}{}", p.batch, p.s_q, p.num_heads, p.head_dim,
-                       p.head_dim_v, p.page_size, p.causal ? " causal" : "");
+    return fmt::format("b={} s_q={} h={} d={} dv={} page={}{}", p.batch, p.s_q, p.num_heads,
+                       p.head_dim, p.head_dim_v, p.page_size, p.causal ? " causal" : "");
   }
   template <class V>
   static void visit(MlaDecodeParams& p, V& v) {

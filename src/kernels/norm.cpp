@@ -14,7 +14,8 @@ void RmsNormParams::validate() const {
   DI_CHECK(y_stride() >= hidden, "rms_norm: out_stride {} < hidden {}", out_stride, hidden);
   DI_CHECK(eps >= 0.0f && std::isfinite(eps), "rms_norm: eps must be finite and >= 0, got {}", eps);
   DI_CHECK(num_tokens == 0 || (x && w), "rms_norm: x and w must be set");
-  DI_CHECK((q == nullptr) == (scales == nullptr), "rms_norm: the fused cast needs both q and scales");
+  DI_CHECK((q == nullptr) == (scales == nullptr),
+           "rms_norm: the fused cast needs both q and scales");
   DI_CHECK(num_tokens == 0 || y || q, "rms_norm: no output set (y, or q + scales)");
 }
 
@@ -24,6 +25,8 @@ void ResidualAddParams::validate() const {
 }
 
 void rms_norm(const RmsNormParams& p) { dispatch(p, host::rms_norm, cpu::rms_norm); }
-void residual_add(const ResidualAddParams& p) { dispatch(p, host::residual_add, cpu::residual_add); }
+void residual_add(const ResidualAddParams& p) {
+  dispatch(p, host::residual_add, cpu::residual_add);
+}
 
 }  // namespace deepinfer::kernels

@@ -28,7 +28,7 @@ struct RmsNormParams {
   int64_t in_stride = 0;    // elements between rows of x (0 = H)
   int64_t out_stride = 0;   // elements between rows of y (0 = H)
   float eps = 1e-6f;
-  bool ue8m0 = false;       // fused cast: power-of-two scales
+  bool ue8m0 = false;  // fused cast: power-of-two scales
 
   int64_t x_stride() const { return in_stride ? in_stride : hidden; }
   int64_t y_stride() const { return out_stride ? out_stride : hidden; }
@@ -61,7 +61,8 @@ template <>
 struct OpSpec<RmsNormParams> {
   static constexpr const char* name = "rms_norm";
   static std::string shape(const RmsNormParams& p) {
-    return fmt::format("t={} h={}{}{}", p.num_tokens, p.hidden, p.q ? " fp8" : "", p.ue8m0 ? " ue8m0" : "");
+    return fmt::format("t={} h={}{}{}", p.num_tokens, p.hidden, p.q ? " fp8" : "",
+                       p.ue8m0 ? " ue8m0" : "");
   }
   template <class V>
   static void visit(RmsNormParams& p, V& v) {

@@ -34,14 +34,12 @@ void record_call(Recorder& rec, const char* op, uint64_t index, std::string shap
   // Copies of everything the op reads, taken before it runs (in-place buffers change).
   auto snapshots = std::make_shared<std::vector<Tensor>>();
   std::vector<CallBuffer> inputs, outputs;
+  // Pure outputs are copied too: strided outputs (e.g. rms_norm with out_stride) leave gaps the op
+  // never writes, and the host replay must start from the same gap contents to compare equal.
   for (const auto& s : slots) {
-    if (s.role == BufferRole::out) {
-      snapshots->emplace_back();
-      continue;
-    }
     Tensor t = Tensor::empty(s.dtype, {s.numel});
     if (s.numel) std::memcpy(t.raw(), s.ptr, size_t(s.numel) * dtype_size(s.dtype));
-    inputs.push_back({s.name, s.dtype, s.numel, t.raw()});
+    if (s.role != BufferRole::out) inputs.push_back({s.name, s.dtype, s.numel, t.raw()});
     snapshots->push_back(std::move(t));
   }
   run();
@@ -57,8 +55,9 @@ void record_call(Recorder& rec, const char* op, uint64_t index, std::string shap
       if (s.role == BufferRole::in) {
         ptrs.push_back((*snapshots)[i].raw());
       } else {
-        // out: fresh buffer; inout: a copy of the pre-call value so the snapshot stays intact.
-        Tensor t = s.role == BufferRole::inout ? (*snapshots)[i].clone() : Tensor::empty(s.dtype, {s.numel});
+        // out and inout: a copy of the pre-call contents, so the snapshot stays intact and any
+        // element the op does not write matches the backend's buffer.
+        Tensor t = (*snapshots)[i].clone();
         ptrs.push_back(t.raw());
         results.push_back(std::move(t));
       }

@@ -11,7 +11,8 @@
 namespace deepinfer::kernels {
 
 void RopeConfig::validate() const {
-  DI_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rope: rope_dim must be positive and even, got {}", rope_dim);
+  DI_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rope: rope_dim must be positive and even, got {}",
+           rope_dim);
   DI_CHECK(theta > 1.0, "rope: rope_theta must be > 1, got {}", theta);
   if (yarn) {
     DI_CHECK(scaling.factor > 0.0f, "rope_scaling.factor must be > 0, got {}", scaling.factor);
@@ -19,22 +20,25 @@ void RopeConfig::validate() const {
              "rope_scaling.original_max_position_embeddings must be > 0, got {}",
              scaling.original_max_position_embeddings);
     DI_CHECK(scaling.beta_fast > 0.0f && scaling.beta_slow > 0.0f,
-             "rope_scaling.beta_fast/beta_slow must be > 0, got {}/{}", scaling.beta_fast, scaling.beta_slow);
+             "rope_scaling.beta_fast/beta_slow must be > 0, got {}/{}", scaling.beta_fast,
+             scaling.beta_slow);
   }
 }
 
 void RopeParams::validate() const {
-  DI_CHECK(num_tokens >= 0 && num_heads >= 0, "rope: num_tokens {} / num_heads {} must be >= 0", num_tokens,
-           num_heads);
-  DI_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rope: rope_dim must be positive and even, got {}", rope_dim);
+  DI_CHECK(num_tokens >= 0 && num_heads >= 0, "rope: num_tokens {} / num_heads {} must be >= 0",
+           num_tokens, num_heads);
+  DI_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rope: rope_dim must be positive and even, got {}",
+           rope_dim);
   DI_CHECK(inv_freq != nullptr, "rope: inv_freq is null; build it with rope_inv_freq(config)");
-  DI_CHECK(num_tokens == 0 || num_heads == 0 || (x && positions), "rope: x and positions must be set");
+  DI_CHECK(num_tokens == 0 || num_heads == 0 || (x && positions),
+           "rope: x and positions must be set");
   DI_CHECK(offset >= 0 && head_stride >= 0 && token_stride >= 0, "rope: negative offset/stride");
   DI_CHECK(num_heads <= 1 || head_stride >= offset + rope_dim,
            "rope: head_stride {} < offset {} + rope_dim {}", head_stride, offset, rope_dim);
   DI_CHECK(num_tokens <= 1 || token_stride >= (num_heads - 1) * head_stride + offset + rope_dim,
-           "rope: token_stride {} too small for {} heads of stride {} (offset {}, rope_dim {})", token_stride,
-           num_heads, head_stride, offset, rope_dim);
+           "rope: token_stride {} too small for {} heads of stride {} (offset {}, rope_dim {})",
+           token_stride, num_heads, head_stride, offset, rope_dim);
 }
 
 double yarn_get_mscale(double factor, double mscale) {
@@ -99,8 +103,8 @@ float mla_softmax_scale(int64_t qk_head_dim, const RopeConfig& cfg) {
   return float(s);
 }
 
-void rope_cos_sin(int64_t pos, const float* inv_freq, int64_t half, float attention_factor, float* cos_out,
-                  float* sin_out) {
+void rope_cos_sin(int64_t pos, const float* inv_freq, int64_t half, float attention_factor,
+                  float* cos_out, float* sin_out) {
   for (int64_t i = 0; i < half; ++i) {
     const float phi = float(pos) * inv_freq[i];  // fp32 angle, as torch.outer(t, freqs)
     cos_out[i] = float(std::cos(double(phi))) * attention_factor;

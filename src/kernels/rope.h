@@ -6,7 +6,6 @@
 #pragma once
 
 #include <deepinfer/dtype.h>
-
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -31,7 +30,7 @@ struct YarnScaling {
 struct RopeConfig {
   int64_t rope_dim = 64;  // d: channels rotated (qk_rope_head_dim), even
   double theta = 10000.0;
-  bool yarn = false;      // rope_scaling.type == "yarn"
+  bool yarn = false;  // rope_scaling.type == "yarn"
   YarnScaling scaling;
   void validate() const;
 };
@@ -56,29 +55,30 @@ float rope_attention_factor(const RopeConfig& cfg);
 float mla_softmax_scale(int64_t qk_head_dim, const RopeConfig& cfg);
 
 struct RopeParams {
-  bf16* x = nullptr;                  // rotated in place; see the strides below
+  bf16* x = nullptr;                   // rotated in place; see the strides below
   const int64_t* positions = nullptr;  // [T] i64 absolute positions (start_pos + offset)
-  const float* inv_freq = nullptr;    // [d/2] f32, from rope_inv_freq
-  int64_t num_tokens = 0;             // T
-  int64_t num_heads = 1;              // heads per token sharing the token's position
-  int64_t rope_dim = 64;              // d
-  int64_t token_stride = 0;           // elements between tokens
-  int64_t head_stride = 0;            // elements between heads
-  int64_t offset = 0;                 // first rotated channel within a head
-  float attention_factor = 1.0f;      // from rope_attention_factor
+  const float* inv_freq = nullptr;     // [d/2] f32, from rope_inv_freq
+  int64_t num_tokens = 0;              // T
+  int64_t num_heads = 1;               // heads per token sharing the token's position
+  int64_t rope_dim = 64;               // d
+  int64_t token_stride = 0;            // elements between tokens
+  int64_t head_stride = 0;             // elements between heads
+  int64_t offset = 0;                  // first rotated channel within a head
+  float attention_factor = 1.0f;       // from rope_attention_factor
   void validate() const;
   // Elements spanned by x (first token's first head to the last rotated channel).
   int64_t span() const {
-    return num_tokens && num_heads ? (num_tokens - 1) * token_stride + (num_heads - 1) * head_stride + offset + rope_dim
-                                   : 0;
+    return num_tokens && num_heads
+               ? (num_tokens - 1) * token_stride + (num_heads - 1) * head_stride + offset + rope_dim
+               : 0;
   }
 };
 // Example (V3): q [T, H, 192] bf16: num_heads H, token_stride H*192, head_stride 192, offset 128;
 // kv [T, 576] bf16 (k_pe at 512): num_heads 1, token_stride 576, offset 512.
 
 // cos/sin of pos * inv_freq[i] for i < half (fp32, times attention_factor). Shared by backends.
-void rope_cos_sin(int64_t pos, const float* inv_freq, int64_t half, float attention_factor, float* cos_out,
-                  float* sin_out);
+void rope_cos_sin(int64_t pos, const float* inv_freq, int64_t half, float attention_factor,
+                  float* cos_out, float* sin_out);
 
 void rope(const RopeParams& p);
 
@@ -93,7 +93,8 @@ template <>
 struct OpSpec<RopeParams> {
   static constexpr const char* name = "rope";
   static std::string shape(const RopeParams& p) {
-    return fmt::format("t={} heads={} d={} offset={}", p.num_tokens, p.num_heads, p.rope_dim, p.offset);
+    return fmt::format("t={} heads={} d={} offset={}", p.num_tokens, p.num_heads, p.rope_dim,
+                       p.offset);
   }
   template <class V>
   static void visit(RopeParams& p, V& v) {

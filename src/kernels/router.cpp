@@ -14,24 +14,27 @@ namespace deepinfer::kernels {
 void RouterParams::validate() const {
   DI_CHECK(num_tokens >= 0, "router: num_tokens must be >= 0, got {}", num_tokens);
   DI_CHECK(num_experts > 0, "router: n_routed_experts must be > 0, got {}", num_experts);
-  DI_CHECK(n_group > 0 && num_experts % n_group == 0, "router: n_group {} must divide n_routed_experts {}",
-           n_group, num_experts);
+  DI_CHECK(n_group > 0 && num_experts % n_group == 0,
+           "router: n_group {} must divide n_routed_experts {}", n_group, num_experts);
   const bool grouped = method != TopkMethod::greedy && n_group > 1;
   if (grouped) {
-    DI_CHECK(topk_group >= 1 && topk_group <= n_group, "router: topk_group {} must be in [1, n_group = {}]",
-             topk_group, n_group);
+    DI_CHECK(topk_group >= 1 && topk_group <= n_group,
+             "router: topk_group {} must be in [1, n_group = {}]", topk_group, n_group);
     DI_CHECK(method != TopkMethod::noaux_tc || num_experts / n_group >= 2,
-             "router: noaux_tc scores a group by its top-2, but groups have {} expert(s)", num_experts / n_group);
+             "router: noaux_tc scores a group by its top-2, but groups have {} expert(s)",
+             num_experts / n_group);
   }
   const int64_t available = grouped ? topk_group * (num_experts / n_group) : num_experts;
   DI_CHECK(top_k >= 1 && top_k <= available,
-           "router: num_experts_per_tok {} must be in [1, {}] (experts left after group limiting)", top_k,
-           available);
+           "router: num_experts_per_tok {} must be in [1, {}] (experts left after group limiting)",
+           top_k, available);
   DI_CHECK(std::isfinite(routed_scaling_factor), "router: routed_scaling_factor must be finite");
-  DI_CHECK(num_tokens == 0 || (logits && topk_idx && topk_weights), "router: logits, topk_idx, topk_weights must be set");
-  DI_CHECK((method == TopkMethod::noaux_tc) == (bias != nullptr),
-           "router: noaux_tc needs e_score_correction_bias and the other methods take none (bias {})",
-           bias ? "given" : "missing");
+  DI_CHECK(num_tokens == 0 || (logits && topk_idx && topk_weights),
+           "router: logits, topk_idx, topk_weights must be set");
+  DI_CHECK(
+      (method == TopkMethod::noaux_tc) == (bias != nullptr),
+      "router: noaux_tc needs e_score_correction_bias and the other methods take none (bias {})",
+      bias ? "given" : "missing");
 }
 
 void router_scores(ScoringFunc f, const float* logits, int64_t n, float* out) {
@@ -48,14 +51,19 @@ void router_scores(ScoringFunc f, const float* logits, int64_t n, float* out) {
 
 std::string_view to_string(TopkMethod m) {
   switch (m) {
-    case TopkMethod::noaux_tc: return "noaux_tc";
-    case TopkMethod::greedy: return "greedy";
-    case TopkMethod::group_limited_greedy: return "group_limited_greedy";
+    case TopkMethod::noaux_tc:
+      return "noaux_tc";
+    case TopkMethod::greedy:
+      return "greedy";
+    case TopkMethod::group_limited_greedy:
+      return "group_limited_greedy";
   }
   return "?";
 }
 
-std::string_view to_string(ScoringFunc f) { return f == ScoringFunc::sigmoid ? "sigmoid" : "softmax"; }
+std::string_view to_string(ScoringFunc f) {
+  return f == ScoringFunc::sigmoid ? "sigmoid" : "softmax";
+}
 
 void router(const RouterParams& p) { dispatch(p, host::router, cpu::router); }
 

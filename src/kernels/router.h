@@ -26,16 +26,16 @@ enum class TopkMethod : uint8_t { noaux_tc, greedy, group_limited_greedy };
 
 struct RouterParams {
   const float* logits = nullptr;  // [T, E] f32
-  const float* bias = nullptr;    // [E] f32 e_score_correction_bias: required for noaux_tc, else null
-  int64_t* topk_idx = nullptr;    // [T, K] i64, slots ordered by selection score descending
+  const float* bias = nullptr;  // [E] f32 e_score_correction_bias: required for noaux_tc, else null
+  int64_t* topk_idx = nullptr;  // [T, K] i64, slots ordered by selection score descending
   float* topk_weights = nullptr;  // [T, K] f32
   float* margins = nullptr;       // [T] f32 or null: b(K-th) - b((K+1)-th) among the experts left
                                   // after group limiting (+inf when none is left out)
-  int64_t num_tokens = 0;   // T
-  int64_t num_experts = 0;  // E (n_routed_experts)
-  int64_t top_k = 0;        // K (num_experts_per_tok)
-  int64_t n_group = 1;      // groups of E / n_group contiguous experts
-  int64_t topk_group = 1;   // groups kept
+  int64_t num_tokens = 0;         // T
+  int64_t num_experts = 0;        // E (n_routed_experts)
+  int64_t top_k = 0;              // K (num_experts_per_tok)
+  int64_t n_group = 1;            // groups of E / n_group contiguous experts
+  int64_t topk_group = 1;         // groups kept
   ScoringFunc scoring = ScoringFunc::sigmoid;
   TopkMethod method = TopkMethod::noaux_tc;
   bool norm_topk_prob = true;
@@ -63,8 +63,8 @@ template <>
 struct OpSpec<RouterParams> {
   static constexpr const char* name = "router";
   static std::string shape(const RouterParams& p) {
-    return fmt::format("t={} e={} k={} groups={}/{} {} {}", p.num_tokens, p.num_experts, p.top_k, p.topk_group,
-                       p.n_group, to_string(p.method), to_string(p.scoring));
+    return fmt::format("t={} e={} k={} groups={}/{} {} {}", p.num_tokens, p.num_experts, p.top_k,
+                       p.topk_group, p.n_group, to_string(p.method), to_string(p.scoring));
   }
   template <class V>
   static void visit(RouterParams& p, V& v) {

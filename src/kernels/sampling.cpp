@@ -17,9 +17,10 @@ void SamplingParams::validate() const {
   DI_CHECK(stride() >= vocab, "sample: logits_stride {} < vocab {}", logits_stride, vocab);
   DI_CHECK(batch == 0 || (logits && tokens), "sample: logits and tokens must be set");
   for (int64_t b = 0; b < batch; ++b) {
-    DI_CHECK(!top_p || (top_p[b] > 0.0f && top_p[b] <= 1.0f), "sample: row {} top_p = {} is outside (0, 1]", b,
-             top_p[b]);
-    DI_CHECK(!temperature || std::isfinite(temperature[b]), "sample: row {} temperature is not finite", b);
+    DI_CHECK(!top_p || (top_p[b] > 0.0f && top_p[b] <= 1.0f),
+             "sample: row {} top_p = {} is outside (0, 1]", b, top_p[b]);
+    DI_CHECK(!temperature || std::isfinite(temperature[b]),
+             "sample: row {} temperature is not finite", b);
   }
 }
 
@@ -27,7 +28,8 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = uint64_t(kM0) * c[0], p1 = uint64_t(kM1) * c[2];
-    c = {uint32_t(p1 >> 32) ^ c[1] ^ k[0], uint32_t(p1), uint32_t(p0 >> 32) ^ c[3] ^ k[1], uint32_t(p0)};
+    c = {uint32_t(p1 >> 32) ^ c[1] ^ k[0], uint32_t(p1), uint32_t(p0 >> 32) ^ c[3] ^ k[1],
+         uint32_t(p0)};
     k = {k[0] + kW0, k[1] + kW1};
   }
   return c;

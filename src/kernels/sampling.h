@@ -58,7 +58,9 @@ void sample(const SamplingParams& p);
 template <>
 struct OpSpec<SamplingParams> {
   static constexpr const char* name = "sample";
-  static std::string shape(const SamplingParams& p) { return fmt::format("b={} v={}", p.batch, p.vocab); }
+  static std::string shape(const SamplingParams& p) {
+    return fmt::format("b={} v={}", p.batch, p.vocab);
+  }
   template <class V>
   static void visit(SamplingParams& p, V& v) {
     v.in("logits", p.logits, p.batch ? (p.batch - 1) * p.stride() + p.vocab : 0);

@@ -19,17 +19,17 @@ namespace deepinfer::kernels {
 // Set y, or q + scales (fused cast), or all three. For a fused gate_up GEMM output
 // [T, 2I] = [gate | up] pass gate = gate_up, up = gate_up + I (in_stride 0 means 2I).
 struct SwigluParams {
-  const bf16* gate = nullptr;        // [T, in_stride] bf16, first I channels used
-  const bf16* up = nullptr;          // [T, in_stride] bf16, first I channels used
+  const bf16* gate = nullptr;         // [T, in_stride] bf16, first I channels used
+  const bf16* up = nullptr;           // [T, in_stride] bf16, first I channels used
   const float* row_weight = nullptr;  // [T] f32 (routing weight per row) or null (= 1)
-  bf16* y = nullptr;                 // [T, out_stride] bf16 or null
-  fp8_e4m3* q = nullptr;             // [T, I] e4m3 (row stride I) or null
-  float* scales = nullptr;           // [T, num_blocks(I)] f32, with q
-  int64_t num_tokens = 0;            // T
-  int64_t inter = 0;                 // I
-  int64_t in_stride = 0;             // elements between rows of gate / up (0 = 2I)
-  int64_t out_stride = 0;            // elements between rows of y (0 = I)
-  bool ue8m0 = false;                // fused cast: power-of-two scales
+  bf16* y = nullptr;                  // [T, out_stride] bf16 or null
+  fp8_e4m3* q = nullptr;              // [T, I] e4m3 (row stride I) or null
+  float* scales = nullptr;            // [T, num_blocks(I)] f32, with q
+  int64_t num_tokens = 0;             // T
+  int64_t inter = 0;                  // I
+  int64_t in_stride = 0;              // elements between rows of gate / up (0 = 2I)
+  int64_t out_stride = 0;             // elements between rows of y (0 = I)
+  bool ue8m0 = false;                 // fused cast: power-of-two scales
 
   int64_t x_stride() const { return in_stride ? in_stride : 2 * inter; }
   int64_t y_stride() const { return out_stride ? out_stride : inter; }
@@ -49,8 +49,8 @@ template <>
 struct OpSpec<SwigluParams> {
   static constexpr const char* name = "swiglu";
   static std::string shape(const SwigluParams& p) {
-    return fmt::format("t={} i={}{}{}{}", p.num_tokens, p.inter, p.row_weight ? " weighted" : "", p.q ? " fp8" : "",
-                       p.ue8m0 ? " ue8m0" : "");
+    return fmt::format("t={} i={}{}{}{}", p.num_tokens, p.inter, p.row_weight ? " weighted" : "",
+                       p.q ? " fp8" : "", p.ue8m0 ? " ue8m0" : "");
   }
   template <class V>
   static void visit(SwigluParams& p, V& v) {

@@ -79,7 +79,7 @@ struct DeepseekModel::Impl {
   float softmax_scale = 0.0f;
 
   // Scratch (per rank; forward is not reentrant).
-  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn, gbuf, ubuf, shared_out, ybuf, gath;
+  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf, ubuf, shared_out, ybuf, gath;
   Scratch<fp8_e4m3> xq, tq;
   Scratch<float> xs, ts, router_logits, topk_w, margins;
   Scratch<int64_t> topk_idx, positions;
@@ -382,7 +382,7 @@ struct DeepseekModel::Impl {
     bf16* x = xn.get(T * hid);
     fp8_e4m3* xq8 = xq.get(T * hid);
     float* xs8 = xs.get(T * k::num_blocks(hid));
-    bf16* out = ffn.get(T * hid);
+    bf16* out = ffn_out.get(T * hid);
     if (!L.moe) {
       k::KernelTag tag("mlp");
       rms_norm(hbuf, L.post_attn_norm, T, hid, x, 0, 0, xq8, xs8);

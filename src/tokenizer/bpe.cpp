@@ -1,13 +1,12 @@
 #include "tokenizer/bpe.h"
 
-#include "core/log.h"
-#include "tokenizer/utf8.h"
-
 #include <deepinfer/error.h>
 
 #include <nlohmann/json.hpp>
-
 #include <queue>
+
+#include "core/log.h"
+#include "tokenizer/utf8.h"
 
 namespace deepinfer {
 namespace {
@@ -21,7 +20,8 @@ struct ByteTables {
     // bytes_to_unicode() of GPT-2's encoder.py.
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const bool printable =
+          (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
       const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
       utf8::append(to_utf8[b], cp);
       from_cp[cp] = b;
@@ -50,30 +50,38 @@ int unicode_to_byte(char32_t cp) {
 void BpeModel::load(const json& m, const std::string& path) {
   if (!m.is_object()) DI_FAIL("{} must be an object, got {}", path, m.dump().substr(0, 100));
   // Old files omit the type; HF then reads a BPE model if it has merges.
-  const std::string type = m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>()
-                           : m.contains("merges")                      ? "BPE"
-                                                                       : "";
+  const std::string type = m.contains("type") && m["type"].is_string()
+                               ? m["type"].get<std::string>()
+                           : m.contains("merges") ? "BPE"
+                                                  : "";
   if (type != "BPE")
-    DI_FAIL("{}.type = \"{}\" is not supported: only byte-level BPE models load (WordPiece, "
-            "Unigram and WordLevel tokenizers do not).", path, type);
+    DI_FAIL(
+        "{}.type = \"{}\" is not supported: only byte-level BPE models load (WordPiece, "
+        "Unigram and WordLevel tokenizers do not).",
+        path, type);
   auto str_or_null = [&](const char* key) -> std::optional<std::string> {
     if (!m.contains(key) || m[key].is_null()) return std::nullopt;
-    if (!m[key].is_string()) DI_FAIL("{}.{} must be a string or null, got {}", path, key, m[key].dump());
+    if (!m[key].is_string())
+      DI_FAIL("{}.{} must be a string or null, got {}", path, key, m[key].dump());
     return m[key].get<std::string>();
   };
   auto flag = [&](const char* key) {
     if (!m.contains(key) || m[key].is_null()) return false;
-    if (!m[key].is_boolean()) DI_FAIL("{}.{} must be true or false, got {}", path, key, m[key].dump());
+    if (!m[key].is_boolean())
+      DI_FAIL("{}.{} must be true or false, got {}", path, key, m[key].dump());
     return m[key].get<bool>();
   };
   if (flag("byte_fallback"))
-    DI_FAIL("{}.byte_fallback = true (SentencePiece-style <0xNN> tokens) is not supported; this "
-            "tokenizer expects byte-level BPE", path);
+    DI_FAIL(
+        "{}.byte_fallback = true (SentencePiece-style <0xNN> tokens) is not supported; this "
+        "tokenizer expects byte-level BPE",
+        path);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (auto v = str_or_null(key); v && !v->empty())
       DI_FAIL("{}.{} = \"{}\" is not supported (byte-level BPE uses none)", path, key, *v);
   if (m.contains("dropout") && m["dropout"].is_number() && m["dropout"].get<double>() > 0.0)
-    log_warn("{}.dropout = {} ignored: encoding is deterministic", path, m["dropout"].get<double>());
+    log_warn("{}.dropout = {} ignored: encoding is deterministic", path,
+             m["dropout"].get<double>());
   fuse_unk_ = flag("fuse_unk");
   ignore_merges_ = flag("ignore_merges");
 
@@ -108,14 +116,16 @@ void BpeModel::load(const json& m, const std::string& path) {
       if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
         DI_FAIL("{}.merges[{}] = \"{}\" must be two tokens separated by one space", path, i, s);
       a = s.substr(0, sp), b = s.substr(sp + 1);
-    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {  // ["a","b"]
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() &&
+               e[1].is_string()) {  // ["a","b"]
       a = e[0].get<std::string>(), b = e[1].get<std::string>();
     } else {
       DI_FAIL("{}.merges[{}] must be \"a b\" or [\"a\", \"b\"], got {}", path, i, e.dump());
     }
     const auto ia = vocab_.find(a), ib = vocab_.find(b), inew = vocab_.find(a + b);
     if (ia == vocab_.end() || ib == vocab_.end())
-      DI_FAIL("{}.merges[{}]: token \"{}\" is not in the vocab", path, i, ia == vocab_.end() ? a : b);
+      DI_FAIL("{}.merges[{}]: token \"{}\" is not in the vocab", path, i,
+              ia == vocab_.end() ? a : b);
     if (inew == vocab_.end())
       DI_FAIL("{}.merges[{}]: the merged token \"{}\" is not in the vocab", path, i, a + b);
     // Like HF's map collect, a repeated pair keeps its last rank.
@@ -124,7 +134,8 @@ void BpeModel::load(const json& m, const std::string& path) {
   num_merges_ = merges.size();
 }
 
-void BpeModel::initial_symbols(std::string_view piece, bool byte_level, std::vector<TokenId>& syms) const {
+void BpeModel::initial_symbols(std::string_view piece, bool byte_level,
+                               std::vector<TokenId>& syms) const {
   // HF merge_word: a char without a token becomes unk (fused if fuse_unk) or is dropped.
   bool pending_unk = false;
   auto add = [&](TokenId id) {
@@ -174,7 +185,8 @@ void BpeModel::merge_word(std::vector<TokenId>& syms) const {
     const int32_t nx = next[pos];
     if (nx < 0) return;
     const auto it = merges_.find(pair_key(syms[pos], syms[nx]));
-    if (it != merges_.end()) q.push({it->second.first, pos, syms[pos], syms[nx], it->second.second});
+    if (it != merges_.end())
+      q.push({it->second.first, pos, syms[pos], syms[nx], it->second.second});
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!q.empty()) {
@@ -196,7 +208,8 @@ void BpeModel::merge_word(std::vector<TokenId>& syms) const {
   syms.resize(w);
 }
 
-void BpeModel::encode_piece(std::string_view piece, bool byte_level, std::vector<TokenId>& out) const {
+void BpeModel::encode_piece(std::string_view piece, bool byte_level,
+                            std::vector<TokenId>& out) const {
   if (piece.empty()) return;
   if (ignore_merges_) {  // a whole piece that is a token is taken as is
     std::string mapped;

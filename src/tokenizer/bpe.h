@@ -1,18 +1,17 @@
 // The BPE model of tokenizer.json: vocab, ranked merges, a word cache.
 #pragma once
 
-#include "tokenizer/tokenizer.h"
-
-#include <nlohmann/json_fwd.hpp>
-
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
 

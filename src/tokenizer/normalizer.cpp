@@ -21,7 +21,8 @@ Normalizer Normalizer::from_json(const json& j, const std::string& path) {
 
 void Normalizer::parse(const json& j, const std::string& path) {
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    DI_FAIL("{} must be null or an object with a string \"type\", got {}", path, j.dump().substr(0, 200));
+    DI_FAIL("{} must be null or an object with a string \"type\", got {}", path,
+            j.dump().substr(0, 200));
   const std::string type = j["type"].get<std::string>();
   if (type == "Sequence") {
     if (!j.contains("normalizers") || !j["normalizers"].is_array())
@@ -31,20 +32,25 @@ void Normalizer::parse(const json& j, const std::string& path) {
     return;
   }
   if (type != "NFC" && type != "NFD" && type != "NFKC" && type != "NFKD")
-    DI_FAIL("{}.type = \"{}\" is not supported (supported normalizers: null, NFC, NFD, NFKC, NFKD, "
-            "Sequence). Byte-level BPE tokenizers such as DeepSeek-V3's use none.", path, type);
+    DI_FAIL(
+        "{}.type = \"{}\" is not supported (supported normalizers: null, NFC, NFD, NFKC, NFKD, "
+        "Sequence). Byte-level BPE tokenizers such as DeepSeek-V3's use none.",
+        path, type);
 #if DEEPINFER_HAVE_ICU
   UErrorCode err = U_ZERO_ERROR;
   const UNormalizer2* f = type == "NFC"    ? unorm2_getNFCInstance(&err)
                           : type == "NFD"  ? unorm2_getNFDInstance(&err)
                           : type == "NFKC" ? unorm2_getNFKCInstance(&err)
                                            : unorm2_getNFKDInstance(&err);
-  if (U_FAILURE(err) || !f) DI_FAIL("{}: ICU has no {} normalizer: {}", path, type, u_errorName(err));
+  if (U_FAILURE(err) || !f)
+    DI_FAIL("{}: ICU has no {} normalizer: {}", path, type, u_errorName(err));
   forms_.push_back(f);
   names_.push_back(type);
 #else
-  DI_FAIL("{}.type = \"{}\" needs ICU, and deepinfer was built without it: install libicu-dev "
-          "and reconfigure.", path, type);
+  DI_FAIL(
+      "{}.type = \"{}\" needs ICU, and deepinfer was built without it: install libicu-dev "
+      "and reconfigure.",
+      path, type);
 #endif
 }
 
@@ -65,7 +71,8 @@ std::string Normalizer::apply(std::string_view text) const {
     // Normalization can grow text (NFKD up to 18x per char); retry with the size ICU reports.
     std::u16string out(in.size() * 2 + 16, u'\0');
     int32_t nout = unorm2_normalize(f, reinterpret_cast<const UChar*>(in.data()), n16,
-                                    reinterpret_cast<UChar*>(out.data()), static_cast<int32_t>(out.size()), &err);
+                                    reinterpret_cast<UChar*>(out.data()),
+                                    static_cast<int32_t>(out.size()), &err);
     if (err == U_BUFFER_OVERFLOW_ERROR) {
       err = U_ZERO_ERROR;
       out.assign(static_cast<size_t>(nout), u'\0');
@@ -79,7 +86,8 @@ std::string Normalizer::apply(std::string_view text) const {
     err = U_ZERO_ERROR;
     cur.assign(static_cast<size_t>(n8), '\0');
     u_strToUTF8(cur.data(), n8, nullptr, reinterpret_cast<const UChar*>(out.data()), nout, &err);
-    if (U_FAILURE(err)) DI_FAIL("{} normalization: UTF-8 conversion failed: {}", names_[k], u_errorName(err));
+    if (U_FAILURE(err))
+      DI_FAIL("{} normalization: UTF-8 conversion failed: {}", names_[k], u_errorName(err));
   }
   return cur;
 #else

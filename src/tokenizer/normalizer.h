@@ -2,7 +2,6 @@
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
-
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,8 +17,8 @@ class Normalizer {
 
  private:
   void parse(const nlohmann::json& j, const std::string& path);
-  std::vector<std::string> names_;   // for error messages
-  std::vector<const void*> forms_;   // const UNormalizer2*
+  std::vector<std::string> names_;  // for error messages
+  std::vector<const void*> forms_;  // const UNormalizer2*
 };
 
 }  // namespace deepinfer

@@ -15,7 +15,8 @@ using json = nlohmann::json;
 
 bool get_bool(const json& j, const char* key, bool def, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return def;
-  if (!j[key].is_boolean()) DI_FAIL("{}.{} must be true or false, got {}", path, key, j[key].dump());
+  if (!j[key].is_boolean())
+    DI_FAIL("{}.{} must be true or false, got {}", path, key, j[key].dump());
   return j[key].get<bool>();
 }
 
@@ -27,8 +28,10 @@ SplitBehavior parse_behavior(const json& j, const std::string& path) {
   if (s == "MergedWithPrevious") return SplitBehavior::merged_with_previous;
   if (s == "MergedWithNext") return SplitBehavior::merged_with_next;
   if (s == "Contiguous") return SplitBehavior::contiguous;
-  DI_FAIL("{} = \"{}\" is not a split behavior (Removed, Isolated, MergedWithPrevious, "
-          "MergedWithNext, Contiguous)", path, s);
+  DI_FAIL(
+      "{} = \"{}\" is not a split behavior (Removed, Isolated, MergedWithPrevious, "
+      "MergedWithNext, Contiguous)",
+      path, s);
 }
 
 struct Span {
@@ -66,8 +69,10 @@ void split_piece(std::string_view text, const PreTokenizerStep& st, std::vector<
       std::vector<Span> acc;
       bool prev_match = false;
       for (const Span& s : spans) {
-        if (!acc.empty() && s.is_match == prev_match) acc.back().e = s.e;
-        else acc.push_back(s);
+        if (!acc.empty() && s.is_match == prev_match)
+          acc.back().e = s.e;
+        else
+          acc.push_back(s);
         prev_match = s.is_match;
       }
       for (const Span& s : acc) emit(s.b, s.e);
@@ -77,8 +82,10 @@ void split_piece(std::string_view text, const PreTokenizerStep& st, std::vector<
       std::vector<Span> acc;
       bool prev_match = false;
       for (const Span& s : spans) {
-        if (s.is_match && !prev_match && !acc.empty()) acc.back().e = s.e;
-        else acc.push_back(s);
+        if (s.is_match && !prev_match && !acc.empty())
+          acc.back().e = s.e;
+        else
+          acc.push_back(s);
         prev_match = s.is_match;
       }
       for (const Span& s : acc) emit(s.b, s.e);
@@ -88,8 +95,10 @@ void split_piece(std::string_view text, const PreTokenizerStep& st, std::vector<
       std::vector<Span> acc;  // built from the right
       bool prev_match = false;
       for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-        if (it->is_match && !prev_match && !acc.empty()) acc.back().b = it->b;
-        else acc.push_back(*it);
+        if (it->is_match && !prev_match && !acc.empty())
+          acc.back().b = it->b;
+        else
+          acc.push_back(*it);
         prev_match = it->is_match;
       }
       for (auto it = acc.rbegin(); it != acc.rend(); ++it) emit(it->b, it->e);
@@ -119,8 +128,10 @@ void PreTokenizer::parse(const json& j, const std::string& path) {
   }
   // The byte-level map must come last: a regex after it would see mapped characters.
   if (byte_level_)
-    DI_FAIL("{}: a {} pre-tokenizer after ByteLevel is not supported (ByteLevel must be the "
-            "last step, as in GPT-2 and DeepSeek-V3 tokenizers)", path, type);
+    DI_FAIL(
+        "{}: a {} pre-tokenizer after ByteLevel is not supported (ByteLevel must be the "
+        "last step, as in GPT-2 and DeepSeek-V3 tokenizers)",
+        path, type);
   PreTokenizerStep st;
   if (type == "ByteLevel") {
     st.kind = PreTokenizerStep::Kind::byte_level;
@@ -150,9 +161,11 @@ void PreTokenizer::parse(const json& j, const std::string& path) {
     st.regex = std::make_shared<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", path);
     st.behavior = SplitBehavior::isolated;
   } else {
-    DI_FAIL("{}.type = \"{}\" is not supported (supported pre-tokenizers: ByteLevel, Split, "
-            "Digits, Sequence). This engine handles byte-level BPE tokenizers such as GPT-2's and "
-            "DeepSeek-V3's.", path, type);
+    DI_FAIL(
+        "{}.type = \"{}\" is not supported (supported pre-tokenizers: ByteLevel, Split, "
+        "Digits, Sequence). This engine handles byte-level BPE tokenizers such as GPT-2's and "
+        "DeepSeek-V3's.",
+        path, type);
   }
   steps_.push_back(std::move(st));
 }

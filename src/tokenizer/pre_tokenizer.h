@@ -2,19 +2,24 @@
 // step splits every piece produced by the previous one; empty pieces are dropped.
 #pragma once
 
-#include "tokenizer/regex.h"
-
-#include <nlohmann/json_fwd.hpp>
-
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/regex.h"
+
 namespace deepinfer {
 
 // HF SplitDelimiterBehavior: what happens to the text a pattern matches.
-enum class SplitBehavior : uint8_t { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+enum class SplitBehavior : uint8_t {
+  removed,
+  isolated,
+  merged_with_previous,
+  merged_with_next,
+  contiguous
+};
 
 struct PreTokenizerStep {
   enum class Kind : uint8_t { split, byte_level };
@@ -30,7 +35,8 @@ class PreTokenizer {
   // `j` is the "pre_tokenizer" value (may be null); `path` is its JSON path for errors.
   static PreTokenizer from_json(const nlohmann::json& j, const std::string& path);
 
-  // Splits `text` (valid UTF-8) into pieces, appended to `out` (raw UTF-8, before any byte mapping).
+  // Splits `text` (valid UTF-8) into pieces, appended to `out` (raw UTF-8, before any byte
+  // mapping).
   void apply(std::string_view text, std::vector<std::string>& out) const;
 
   // A ByteLevel step is present: BPE sees the pieces' bytes through the GPT-2 byte->char map.

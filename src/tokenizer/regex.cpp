@@ -93,10 +93,11 @@ Regex::Regex(std::string_view pattern, std::string_view where, bool literal)
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(),
                                    opts, &err, &err_off, nullptr);
   if (!code)
-    DI_FAIL("{}: cannot compile regex /{}/: {} at offset {}{}. Fix the pattern (PCRE2 syntax, "
-            "UTF + UCP mode).",
-            where_, pattern_, pcre2_message(err), static_cast<size_t>(err_off),
-            compiled == pattern_ ? std::string() : fmt::format(" of its compiled form /{}/", compiled));
+    DI_FAIL(
+        "{}: cannot compile regex /{}/: {} at offset {}{}. Fix the pattern (PCRE2 syntax, "
+        "UTF + UCP mode).",
+        where_, pattern_, pcre2_message(err), static_cast<size_t>(err_off),
+        compiled == pattern_ ? std::string() : fmt::format(" of its compiled form /{}/", compiled));
   code_ = code;
   uint32_t jit_ok = 0;
   if (pcre2_config(PCRE2_CONFIG_JIT, &jit_ok) >= 0 && jit_ok)
@@ -110,7 +111,8 @@ void Regex::find_all(std::string_view subject, std::vector<std::pair<size_t, siz
   const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   size_t pos = 0;
   while (pos < subject.size()) {
-    const int rc = pcre2_match(as_code(code_), s, subject.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    const int rc =
+        pcre2_match(as_code(code_), s, subject.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0)
       DI_FAIL("{}: regex /{}/ failed on a {}-byte piece: {}. Simplify the pattern.", where_,

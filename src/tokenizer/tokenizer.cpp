@@ -1,15 +1,6 @@
 #include "tokenizer/tokenizer.h"
 
-#include "core/log.h"
-#include "tokenizer/bpe.h"
-#include "tokenizer/normalizer.h"
-#include "tokenizer/pre_tokenizer.h"
-#include "tokenizer/regex.h"
-#include "tokenizer/utf8.h"
-
 #include <deepinfer/error.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -18,8 +9,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
+
+#include "core/log.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/normalizer.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/utf8.h"
 
 namespace deepinfer {
 namespace {
@@ -96,8 +95,10 @@ struct Segment {
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream f(path, std::ios::binary);
   if (!f)
-    DI_FAIL("cannot open {} '{}': {}. Point --model at a folder holding a HuggingFace "
-            "tokenizer.json.", what, path, std::strerror(errno));
+    DI_FAIL(
+        "cannot open {} '{}': {}. Point --model at a folder holding a HuggingFace "
+        "tokenizer.json.",
+        what, path, std::strerror(errno));
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -116,7 +117,8 @@ std::optional<std::string> config_token(const json& cfg, const char* key, std::s
   if (!cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
   const json& v = cfg[key];
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
   DI_FAIL("{}: {} must be a string or {{\"content\": string}}, got {}", source, key, v.dump());
 }
 
@@ -132,7 +134,7 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   std::unordered_map<std::string, size_t> added_by_content;
   std::unordered_map<TokenId, size_t> added_by_id;
-  AddedTrie raw_trie, norm_trie;  // tokens matched on the raw / the normalized text
+  AddedTrie raw_trie, norm_trie;     // tokens matched on the raw / the normalized text
   std::unique_ptr<Regex> word_char;  // single_word: is a character alphanumeric
 
   std::vector<std::string> tokens;  // id -> stored token string
@@ -160,13 +162,15 @@ struct Tokenizer::Impl {
 std::optional<TokenId> Tokenizer::Impl::lookup(std::string_view tok) const {
   if (const auto it = added_by_content.find(std::string(tok)); it != added_by_content.end())
     return added[it->second].id;
-  if (const auto it = model.vocab().find(std::string(tok)); it != model.vocab().end()) return it->second;
+  if (const auto it = model.vocab().find(std::string(tok)); it != model.vocab().end())
+    return it->second;
   return std::nullopt;
 }
 
 void Tokenizer::Impl::load(const json& j, const json* cfg) {
   if (!j.is_object()) DI_FAIL("{}: the top level must be a JSON object", source);
-  if (!j.contains("model")) DI_FAIL("{}: no \"model\" section; this is not a tokenizers tokenizer.json", source);
+  if (!j.contains("model"))
+    DI_FAIL("{}: no \"model\" section; this is not a tokenizers tokenizer.json", source);
   model.load(j["model"], source + ": model");
   normalizer = Normalizer::from_json(j.value("normalizer", json()), source + ": normalizer");
   pre = PreTokenizer::from_json(j.value("pre_tokenizer", json()), source + ": pre_tokenizer");
@@ -177,23 +181,27 @@ void Tokenizer::Impl::load(const json& j, const json* cfg) {
   } else if (dec.is_object() && dec.value("type", "") == "ByteLevel") {
     byte_level_decoder = true;
   } else {
-    DI_FAIL("{}: decoder.type = {} is not supported (supported decoders: ByteLevel, null)", source,
-            dec.is_object() && dec.contains("type") ? dec["type"].dump() : dec.dump().substr(0, 100));
+    DI_FAIL(
+        "{}: decoder.type = {} is not supported (supported decoders: ByteLevel, null)", source,
+        dec.is_object() && dec.contains("type") ? dec["type"].dump() : dec.dump().substr(0, 100));
   }
 
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) load_added(j["added_tokens"]);
   build_tables();
 
   bool seen_sequence = false;
-  load_post_processor(j.value("post_processor", json()), source + ": post_processor", seen_sequence);
+  load_post_processor(j.value("post_processor", json()), source + ": post_processor",
+                      seen_sequence);
 
   if (cfg) {
     const std::string cfg_src = "tokenizer_config.json";
-    for (auto [key, dst_text, dst_id] : {std::tuple{"bos_token", &bos_text, &bos}, std::tuple{"eos_token", &eos_text, &eos}}) {
+    for (auto [key, dst_text, dst_id] :
+         {std::tuple{"bos_token", &bos_text, &bos}, std::tuple{"eos_token", &eos_text, &eos}}) {
       if (auto t = config_token(*cfg, key, cfg_src)) {
         *dst_text = *t;
         *dst_id = lookup(*t);
-        if (!*dst_id) log_warn("{}: {} \"{}\" is not a token of {}; ignored", cfg_src, key, *t, source);
+        if (!*dst_id)
+          log_warn("{}: {} \"{}\" is not a token of {}; ignored", cfg_src, key, *t, source);
       }
     }
     // add_bos_token / add_eos_token decide, as transformers' Llama-style fast tokenizers do.
@@ -221,10 +229,12 @@ void Tokenizer::Impl::load_added(const json& arr) {
   for (size_t i = 0; i < arr.size(); ++i) {
     const json& e = arr[i];
     const std::string p = fmt::format("{}[{}]", path, i);
-    if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() || e["id"].get<int64_t>() < 0 ||
-        !e.contains("content") || !e["content"].is_string())
-      DI_FAIL("{} must be an object with a non-negative integer \"id\" and a string \"content\", got {}", p,
-              e.dump().substr(0, 200));
+    if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() ||
+        e["id"].get<int64_t>() < 0 || !e.contains("content") || !e["content"].is_string())
+      DI_FAIL(
+          "{} must be an object with a non-negative integer \"id\" and a string \"content\", got "
+          "{}",
+          p, e.dump().substr(0, 200));
     AddedToken t;
     t.id = static_cast<TokenId>(e["id"].get<int64_t>());
     t.content = e["content"].get<std::string>();
@@ -266,7 +276,8 @@ void Tokenizer::Impl::build_tables() {
   known.assign(n, 0);
   special.assign(n, 0);
   for (const auto& [tok, id] : model.vocab()) tokens[id] = tok, known[id] = 1;
-  for (const AddedToken& t : added) tokens[t.id] = t.content, known[t.id] = 1, special[t.id] = t.special;
+  for (const AddedToken& t : added)
+    tokens[t.id] = t.content, known[t.id] = 1, special[t.id] = t.special;
   for (size_t id = 0; id < n; ++id) {
     if (!known[id]) continue;
     const std::string& tok = tokens[id];
@@ -281,15 +292,18 @@ void Tokenizer::Impl::build_tables() {
     for (size_t i = 0; all_mapped && i < tok.size();) {
       const utf8::Step st = utf8::decode_one(std::string_view(tok).substr(i));
       const int b = unicode_to_byte(st.cp);
-      if (b < 0) all_mapped = false;
-      else out.push_back(static_cast<char>(b));
+      if (b < 0)
+        all_mapped = false;
+      else
+        out.push_back(static_cast<char>(b));
       i += st.len;
     }
     bytes[id] = all_mapped ? out : tok;
   }
 }
 
-void Tokenizer::Impl::load_post_processor(const json& j, const std::string& path, bool& seen_sequence) {
+void Tokenizer::Impl::load_post_processor(const json& j, const std::string& path,
+                                          bool& seen_sequence) {
   if (j.is_null()) return;
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
     DI_FAIL("{} must be null or an object with a string \"type\"", path);
@@ -305,11 +319,13 @@ void Tokenizer::Impl::load_post_processor(const json& j, const std::string& path
     if (!j.contains("processors") || !j["processors"].is_array())
       DI_FAIL("{}: Sequence needs an array \"processors\"", path);
     for (size_t i = 0; i < j["processors"].size(); ++i)
-      load_post_processor(j["processors"][i], fmt::format("{}.processors[{}]", path, i), seen_sequence);
+      load_post_processor(j["processors"][i], fmt::format("{}.processors[{}]", path, i),
+                          seen_sequence);
     return;
   }
   if (type == "TemplateProcessing") {
-    if (!j.contains("single") || !j["single"].is_array()) DI_FAIL("{}: TemplateProcessing needs \"single\"", path);
+    if (!j.contains("single") || !j["single"].is_array())
+      DI_FAIL("{}: TemplateProcessing needs \"single\"", path);
     const json& specials = j.value("special_tokens", json::object());
     bool after = false;
     for (size_t i = 0; i < j["single"].size(); ++i) {
@@ -328,7 +344,8 @@ void Tokenizer::Impl::load_post_processor(const json& j, const std::string& path
         auto& dst = after ? suffix : prefix;
         dst.insert(dst.end(), ids.begin(), ids.end());
       } else {
-        DI_FAIL("{} must be {{\"SpecialToken\": ...}} or {{\"Sequence\": ...}}, got {}", p, item.dump());
+        DI_FAIL("{} must be {{\"SpecialToken\": ...}} or {{\"Sequence\": ...}}, got {}", p,
+                item.dump());
       }
     }
     return;
@@ -341,8 +358,10 @@ void Tokenizer::Impl::load_post_processor(const json& j, const std::string& path
     suffix.push_back(j["sep"][1].get<TokenId>());
     return;
   }
-  DI_FAIL("{}.type = \"{}\" is not supported (supported post-processors: null, ByteLevel, "
-          "TemplateProcessing, RobertaProcessing, BertProcessing, Sequence)", path, type);
+  DI_FAIL(
+      "{}.type = \"{}\" is not supported (supported post-processors: null, ByteLevel, "
+      "TemplateProcessing, RobertaProcessing, BertProcessing, Sequence)",
+      path, type);
 }
 
 // HF AddedVocabulary::find_matches: leftmost-longest tokens, with lstrip/rstrip/single_word.
@@ -365,7 +384,9 @@ void Tokenizer::Impl::split_added(std::string_view text, const AddedTrie& trie, 
     pos = stop;  // the search goes on after this match, used or not
     if (t.special && !split_special) continue;
     if (t.single_word) {
-      const bool start_ok = start == 0 || !is_word_char(text.substr(start - utf8::last_char_len(text.substr(0, start))));
+      const bool start_ok =
+          start == 0 ||
+          !is_word_char(text.substr(start - utf8::last_char_len(text.substr(0, start))));
       const bool stop_ok = stop == text.size() || !is_word_char(text.substr(stop));
       if (!start_ok || !stop_ok) continue;
     }
@@ -393,7 +414,8 @@ void Tokenizer::Impl::split_added(std::string_view text, const AddedTrie& trie, 
   if (start_offset < text.size()) out.push_back({text.substr(start_offset), -1});
 }
 
-void Tokenizer::Impl::encode_text(std::string_view text, bool split_special, std::vector<TokenId>& out) const {
+void Tokenizer::Impl::encode_text(std::string_view text, bool split_special,
+                                  std::vector<TokenId>& out) const {
   std::vector<Segment> raw_segs, norm_segs;
   std::vector<std::string> pieces;
   split_added(text, raw_trie, split_special, raw_segs);
@@ -403,7 +425,8 @@ void Tokenizer::Impl::encode_text(std::string_view text, bool split_special, std
       continue;
     }
     if (rs.text.empty()) continue;
-    const std::string normalized = normalizer.is_identity() ? std::string() : normalizer.apply(rs.text);
+    const std::string normalized =
+        normalizer.is_identity() ? std::string() : normalizer.apply(rs.text);
     const std::string_view nt = normalizer.is_identity() ? rs.text : std::string_view(normalized);
     norm_segs.clear();
     split_added(nt, norm_trie, split_special, norm_segs);
@@ -418,13 +441,16 @@ void Tokenizer::Impl::encode_text(std::string_view text, bool split_special, std
     }
   }
   if (model.num_dropped() > 0 && !warned_dropped.exchange(true))
-    log_warn("{}: some characters have no token and the model has no unk_token; they were dropped "
-             "(as HF tokenizers does). Round trips of such text are lossy.", source);
+    log_warn(
+        "{}: some characters have no token and the model has no unk_token; they were dropped "
+        "(as HF tokenizers does). Round trips of such text are lossy.",
+        source);
 }
 
 // ---- Tokenizer -------------------------------------------------------------------------------
 
-Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view config_json, std::string_view source) {
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view config_json,
+                               std::string_view source) {
   auto impl = std::make_shared<Impl>();
   impl->source = std::string(source);
   const json j = parse_json(tokenizer_json, source);
@@ -453,8 +479,10 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
   std::string clean;
   if (const size_t bad = utf8::first_invalid(text); bad != std::string_view::npos) {
     if (opt.invalid_utf8 == InvalidUtf8::error)
-      DI_FAIL("tokenizer: the input is not valid UTF-8 (first bad byte 0x{:02X} at offset {} of {}). "
-              "Convert it to UTF-8 first.", static_cast<uint8_t>(text[bad]), bad, text.size());
+      DI_FAIL(
+          "tokenizer: the input is not valid UTF-8 (first bad byte 0x{:02X} at offset {} of {}). "
+          "Convert it to UTF-8 first.",
+          static_cast<uint8_t>(text[bad]), bad, text.size());
     clean = utf8::sanitize(text);
     text = clean;
   }
@@ -468,8 +496,10 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
 
 const std::string& Tokenizer::token_bytes(TokenId id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->tokens.size() || !impl_->known[id])
-    DI_FAIL("tokenizer: token id {} is not in the vocabulary (size {}); the model and tokenizer may "
-            "not match", id, impl_->tokens.size());
+    DI_FAIL(
+        "tokenizer: token id {} is not in the vocabulary (size {}); the model and tokenizer may "
+        "not match",
+        id, impl_->tokens.size());
   return impl_->bytes[id];
 }
 
@@ -486,7 +516,9 @@ std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_to
   return utf8::is_valid(raw) ? raw : utf8::sanitize(raw);
 }
 
-std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const { return impl_->lookup(token); }
+std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
+  return impl_->lookup(token);
+}
 
 std::string Tokenizer::id_to_token(TokenId id) const {
   token_bytes(id);  // range check
@@ -535,23 +567,28 @@ void check_role(const ChatMessage& m) {
 
 }  // namespace
 
-std::string Tokenizer::format_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+std::string Tokenizer::format_chat(std::span<const ChatMessage> messages,
+                                   bool add_generation_prompt) const {
   const ChatParts sys = collect_system(messages);
   std::string out;
   if (impl_->chat_tokens) {
-    out += impl_->bos ? impl_->bos_text : (impl_->lookup(kChatBos) ? std::string(kChatBos) : std::string());
+    out += impl_->bos ? impl_->bos_text
+                      : (impl_->lookup(kChatBos) ? std::string(kChatBos) : std::string());
     out += sys.system;
     for (const ChatMessage& m : messages) {
       check_role(m);
       if (m.role == "user") out += std::string(kChatUser) + m.content;
-      if (m.role == "assistant") out += std::string(kChatAssistant) + m.content + std::string(kChatEos);
+      if (m.role == "assistant")
+        out += std::string(kChatAssistant) + m.content + std::string(kChatEos);
     }
     if (add_generation_prompt) out += kChatAssistant;
     return out;
   }
   if (!impl_->warned_chat.exchange(true))
-    log_warn("{}: the vocabulary lacks DeepSeek-V3's chat tokens (<｜User｜>, <｜Assistant｜>); "
-             "using a plain-text chat format", impl_->source);
+    log_warn(
+        "{}: the vocabulary lacks DeepSeek-V3's chat tokens (<｜User｜>, <｜Assistant｜>); "
+        "using a plain-text chat format",
+        impl_->source);
   if (sys.has_system) out += sys.system + "\n\n";
   for (const ChatMessage& m : messages) {
     check_role(m);
@@ -562,7 +599,8 @@ std::string Tokenizer::format_chat(std::span<const ChatMessage> messages, bool a
   return out;
 }
 
-std::vector<TokenId> Tokenizer::encode_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+std::vector<TokenId> Tokenizer::encode_chat(std::span<const ChatMessage> messages,
+                                            bool add_generation_prompt) const {
   const Impl& im = *impl_;
   std::vector<TokenId> out;
   auto text = [&](std::string_view s) {  // untrusted content: special tokens stay text
@@ -574,11 +612,14 @@ std::vector<TokenId> Tokenizer::encode_chat(std::span<const ChatMessage> message
     text(format_chat(messages, add_generation_prompt));
     return out;
   }
-  if (im.bos) out.push_back(*im.bos);
-  else if (auto b = im.lookup(kChatBos)) out.push_back(*b);
+  if (im.bos)
+    out.push_back(*im.bos);
+  else if (auto b = im.lookup(kChatBos))
+    out.push_back(*b);
   const ChatParts sys = collect_system(messages);
   text(sys.system);
-  const TokenId user = *im.lookup(kChatUser), assistant = *im.lookup(kChatAssistant), end = *im.lookup(kChatEos);
+  const TokenId user = *im.lookup(kChatUser), assistant = *im.lookup(kChatAssistant),
+                end = *im.lookup(kChatEos);
   for (const ChatMessage& m : messages) {
     check_role(m);
     if (m.role == "user") out.push_back(user), text(m.content);
@@ -602,8 +643,10 @@ std::string StreamDecoder::push(TokenId id) {
   while (i < pending_.size()) {
     const utf8::Step st = utf8::decode_one(std::string_view(pending_).substr(i));
     if (st.status == utf8::Status::incomplete) break;  // wait for the next token
-    if (st.status == utf8::Status::ok) out.append(pending_, i, st.len);
-    else out.append(utf8::kReplacementUtf8);
+    if (st.status == utf8::Status::ok)
+      out.append(pending_, i, st.len);
+    else
+      out.append(utf8::kReplacementUtf8);
     i += st.len;
   }
   pending_.erase(0, i);

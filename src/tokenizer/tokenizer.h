@@ -64,7 +64,8 @@ class Tokenizer {
   std::string decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
 
   std::optional<TokenId> token_to_id(std::string_view token) const;  // vocab or added token
-  std::string id_to_token(TokenId id) const;  // the stored token string (byte-level form); Error if unknown
+  std::string id_to_token(
+      TokenId id) const;  // the stored token string (byte-level form); Error if unknown
   // The raw bytes `id` decodes to (may be part of a UTF-8 character).
   const std::string& token_bytes(TokenId id) const;
   bool is_special(TokenId id) const;
@@ -81,7 +82,8 @@ class Tokenizer {
   // "<｜Assistant｜>"+content+"<｜end▁of▁sentence｜>", ending with "<｜Assistant｜>" when
   // add_generation_prompt. Vocabularies without those tokens get a plain-text format
   // ("User: ...\n\nAssistant:"), with a warning logged once.
-  std::string format_chat(std::span<const ChatMessage> messages, bool add_generation_prompt = true) const;
+  std::string format_chat(std::span<const ChatMessage> messages,
+                          bool add_generation_prompt = true) const;
   // The same prompt as ids; message contents are encoded with split_special_tokens = false so
   // a message cannot inject control tokens.
   std::vector<TokenId> encode_chat(std::span<const ChatMessage> messages,

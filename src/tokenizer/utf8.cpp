@@ -7,7 +7,7 @@ Step decode_one(std::string_view s) {
   const size_t n = s.size();
   const uint8_t b0 = p[0];
   if (b0 < 0x80) return {Status::ok, b0, 1};
-  size_t need;      // continuation bytes
+  size_t need;                   // continuation bytes
   uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the first continuation byte
   char32_t cp;
   if (b0 >= 0xC2 && b0 <= 0xDF) {
@@ -92,8 +92,8 @@ std::string sanitize(std::string_view s, size_t* num_replaced) {
 
 bool is_whitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 size_t last_char_len(std::string_view s) {

@@ -1,6 +1,6 @@
-// RMSNorm, residual add and SwiGLU (+ zero-sized calls of every ops-B op): host against hand values and fp64 closed forms; the fused
-// fp8 epilogues against their unfused composition (rms_norm / swiglu -> quant_per_token), on
-// both backends.
+// RMSNorm, residual add and SwiGLU (+ zero-sized calls of every ops-B op): host against hand values
+// and fp64 closed forms; the fused fp8 epilogues against their unfused composition (rms_norm /
+// swiglu -> quant_per_token), on both backends.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,9 +22,11 @@ float bf(float v) { return round_bf16(v); }
 
 TEST(RmsNormHost, HandValues) {
   // x = [3, 4], w = [1, 2], eps = 0: mean(x^2) = 12.5, r = 1/sqrt(12.5).
-  const std::vector<bf16> x = {f32_to_bf16(3), f32_to_bf16(4)}, w = {f32_to_bf16(1), f32_to_bf16(2)};
+  const std::vector<bf16> x = {f32_to_bf16(3), f32_to_bf16(4)},
+                          w = {f32_to_bf16(1), f32_to_bf16(2)};
   std::vector<bf16> y(2);
-  host::rms_norm({.x = x.data(), .w = w.data(), .y = y.data(), .num_tokens = 1, .hidden = 2, .eps = 0.0f});
+  host::rms_norm(
+      {.x = x.data(), .w = w.data(), .y = y.data(), .num_tokens = 1, .hidden = 2, .eps = 0.0f});
   const double r = 1.0 / std::sqrt(12.5);
   EXPECT_EQ(bf16_to_f32(y[0]), bf(float(3 * r)));      // 0.8485 -> 0.84765625
   EXPECT_EQ(bf16_to_f32(y[1]), bf(float(4 * r * 2)));  // 2.2627 -> 2.265625
@@ -36,7 +38,8 @@ TEST(RmsNormHost, ConstantRowAndEps) {
   // A constant row c with w = 1 gives c / sqrt(c^2 + eps); eps = 1 makes it visible.
   const int64_t H = 37;
   std::vector<bf16> x(H, f32_to_bf16(1.0f)), w(H, f32_to_bf16(1.0f)), y(H);
-  host::rms_norm({.x = x.data(), .w = w.data(), .y = y.data(), .num_tokens = 1, .hidden = H, .eps = 1.0f});
+  host::rms_norm(
+      {.x = x.data(), .w = w.data(), .y = y.data(), .num_tokens = 1, .hidden = H, .eps = 1.0f});
   for (auto v : y) EXPECT_EQ(bf16_to_f32(v), bf(float(1.0 / std::sqrt(2.0))));
 }
 
@@ -46,7 +49,12 @@ TEST(RmsNormHost, MatchesFp64AndHonoursStrides) {
   const auto x = testing::random_bf16(T * S, 11, -3.0f, 3.0f);
   const auto w = testing::random_bf16(H, 12, 0.5f, 1.5f);
   std::vector<bf16> y(T * S, f32_to_bf16(7.0f));
-  host::rms_norm({.x = x.data(), .w = w.data(), .y = y.data(), .num_tokens = T, .hidden = H, .in_stride = S,
+  host::rms_norm({.x = x.data(),
+                  .w = w.data(),
+                  .y = y.data(),
+                  .num_tokens = T,
+                  .hidden = H,
+                  .in_stride = S,
                   .out_stride = S});
   for (int64_t t = 0; t < T; ++t) {
     double ss = 0;
@@ -54,7 +62,8 @@ TEST(RmsNormHost, MatchesFp64AndHonoursStrides) {
     const double r = 1.0 / std::sqrt(ss / H + 1e-6);
     for (int64_t i = 0; i < H; ++i) {
       const double want = bf16_to_f32(x[t * S + i]) * r * bf16_to_f32(w[i]);
-      EXPECT_NEAR(bf16_to_f32(y[t * S + i]), want, std::fabs(want) * 0x1p-8 + 1e-30) << t << "," << i;
+      EXPECT_NEAR(bf16_to_f32(y[t * S + i]), want, std::fabs(want) * 0x1p-8 + 1e-30)
+          << t << "," << i;
     }
     for (int64_t i = H; i < S; ++i) EXPECT_EQ(bf16_to_f32(y[t * S + i]), 7.0f);
   }
@@ -71,11 +80,23 @@ TEST(RmsNormFused, EqualsNormThenQuantOnBothBackends) {
       std::vector<fp8_e4m3> q(T * H), q_ref(T * H);
       std::vector<float> s(T * num_blocks(H)), s_ref(T * num_blocks(H));
       rms_norm({.x = x.data(), .w = w.data(), .y = y.data(), .num_tokens = T, .hidden = H});
-      host::quant_per_token({.x = y.data(), .q = q_ref.data(), .scales = s_ref.data(), .m = T, .k = H, .ue8m0 = ue8m0});
-      rms_norm({.x = x.data(), .w = w.data(), .y = y2.data(), .q = q.data(), .scales = s.data(), .num_tokens = T,
-                .hidden = H, .ue8m0 = ue8m0});
+      host::quant_per_token({.x = y.data(),
+                             .q = q_ref.data(),
+                             .scales = s_ref.data(),
+                             .m = T,
+                             .k = H,
+                             .ue8m0 = ue8m0});
+      rms_norm({.x = x.data(),
+                .w = w.data(),
+                .y = y2.data(),
+                .q = q.data(),
+                .scales = s.data(),
+                .num_tokens = T,
+                .hidden = H,
+                .ue8m0 = ue8m0});
       for (int64_t i = 0; i < T * H; ++i) {
-        ASSERT_EQ(q[i].bits, q_ref[i].bits) << "backend " << to_string(be) << " ue8m0 " << ue8m0 << " at " << i;
+        ASSERT_EQ(q[i].bits, q_ref[i].bits)
+            << "backend " << to_string(be) << " ue8m0 " << ue8m0 << " at " << i;
         ASSERT_EQ(y[i].bits, y2[i].bits);
       }
       for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], s_ref[i]);
@@ -105,7 +126,11 @@ TEST(SwigluHost, HandValues) {
                                 f32_to_bf16(5), f32_to_bf16(2), f32_to_bf16(1)};
   const float rw = 0.5f;
   std::vector<bf16> y(I);
-  host::swiglu({.gate = gu.data(), .up = gu.data() + I, .row_weight = &rw, .y = y.data(), .num_tokens = 1,
+  host::swiglu({.gate = gu.data(),
+                .up = gu.data() + I,
+                .row_weight = &rw,
+                .y = y.data(),
+                .num_tokens = 1,
                 .inter = I});
   EXPECT_EQ(bf16_to_f32(y[0]), 0.0f);
   EXPECT_EQ(bf16_to_f32(y[1]), bf(float(0.7310585786300049 * 2 * 0.5)));
@@ -121,23 +146,41 @@ TEST(SwigluFused, EqualsSwigluThenQuantOnBothBackends) {
     std::vector<bf16> y(T * I);
     std::vector<fp8_e4m3> q(T * I), q_ref(T * I);
     std::vector<float> s(T * num_blocks(I)), s_ref(T * num_blocks(I));
-    swiglu({.gate = gu.data(), .up = gu.data() + I, .row_weight = rw.data(), .y = y.data(), .num_tokens = T,
+    swiglu({.gate = gu.data(),
+            .up = gu.data() + I,
+            .row_weight = rw.data(),
+            .y = y.data(),
+            .num_tokens = T,
             .inter = I});
-    host::quant_per_token({.x = y.data(), .q = q_ref.data(), .scales = s_ref.data(), .m = T, .k = I});
-    swiglu({.gate = gu.data(), .up = gu.data() + I, .row_weight = rw.data(), .q = q.data(), .scales = s.data(),
-            .num_tokens = T, .inter = I});
-    for (int64_t i = 0; i < T * I; ++i) ASSERT_EQ(q[i].bits, q_ref[i].bits) << to_string(be) << " at " << i;
+    host::quant_per_token(
+        {.x = y.data(), .q = q_ref.data(), .scales = s_ref.data(), .m = T, .k = I});
+    swiglu({.gate = gu.data(),
+            .up = gu.data() + I,
+            .row_weight = rw.data(),
+            .q = q.data(),
+            .scales = s.data(),
+            .num_tokens = T,
+            .inter = I});
+    for (int64_t i = 0; i < T * I; ++i)
+      ASSERT_EQ(q[i].bits, q_ref[i].bits) << to_string(be) << " at " << i;
     for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], s_ref[i]);
   }
 }
 
 TEST(OpsBParams, RejectBadShapesWithMessages) {
   std::vector<bf16> x(4), w(4), y(4);
-  EXPECT_THROW(host::rms_norm({.x = x.data(), .w = w.data(), .num_tokens = 1, .hidden = 4}), Error);  // no output
-  EXPECT_THROW(host::rms_norm({.x = x.data(), .w = w.data(), .y = y.data(), .num_tokens = 1, .hidden = 4,
+  EXPECT_THROW(host::rms_norm({.x = x.data(), .w = w.data(), .num_tokens = 1, .hidden = 4}),
+               Error);  // no output
+  EXPECT_THROW(host::rms_norm({.x = x.data(),
+                               .w = w.data(),
+                               .y = y.data(),
+                               .num_tokens = 1,
+                               .hidden = 4,
                                .in_stride = 2}),
                Error);
-  EXPECT_THROW(host::swiglu({.gate = x.data(), .up = x.data(), .y = y.data(), .num_tokens = 1, .inter = 0}), Error);
+  EXPECT_THROW(
+      host::swiglu({.gate = x.data(), .up = x.data(), .y = y.data(), .num_tokens = 1, .inter = 0}),
+      Error);
 }
 
 TEST(OpsBParams, ZeroSizedCallsWriteNothingOnBothBackends) {
@@ -148,13 +191,23 @@ TEST(OpsBParams, ZeroSizedCallsWriteNothingOnBothBackends) {
     EXPECT_NO_THROW(rms_norm({.num_tokens = 0, .hidden = 64}));
     EXPECT_NO_THROW(residual_add({.n = 0}));
     EXPECT_NO_THROW(swiglu({.num_tokens = 0, .inter = 128}));
-    EXPECT_NO_THROW(rope({.inv_freq = inv.data(), .num_tokens = 0, .num_heads = 4}));
+    EXPECT_NO_THROW(rope({.inv_freq = inv.data(),
+                          .num_tokens = 0,
+                          .num_heads = 4,
+                          .token_stride = 768,
+                          .head_stride = 192,
+                          .offset = 128}));
     EXPECT_NO_THROW(router({.bias = inv.data(), .num_tokens = 0, .num_experts = 32, .top_k = 2}));
     EXPECT_NO_THROW(sample({.batch = 0, .vocab = 10}));
     EXPECT_NO_THROW(mla_decode({.batch = 0, .num_heads = 16, .softmax_scale = 0.1f}));
     const int32_t cu[1] = {0};
-    EXPECT_NO_THROW(mla_prefill({.cu_seqlens_q = cu, .cu_seqlens_k = cu, .num_seqs = 0, .num_heads = 2,
-                                 .head_dim = 8, .head_dim_v = 4, .softmax_scale = 0.1f}));
+    EXPECT_NO_THROW(mla_prefill({.cu_seqlens_q = cu,
+                                 .cu_seqlens_k = cu,
+                                 .num_seqs = 0,
+                                 .num_heads = 2,
+                                 .head_dim = 8,
+                                 .head_dim_v = 4,
+                                 .softmax_scale = 0.1f}));
   }
 }
 

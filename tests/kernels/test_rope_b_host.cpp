@@ -18,8 +18,12 @@ RopeConfig v3_rope() {
   c.rope_dim = 64;
   c.theta = 10000.0;
   c.yarn = true;
-  c.scaling = {.factor = 40.0f, .original_max_position_embeddings = 4096, .beta_fast = 32.0f, .beta_slow = 1.0f,
-               .mscale = 1.0f, .mscale_all_dim = 1.0f};
+  c.scaling = {.factor = 40.0f,
+               .original_max_position_embeddings = 4096,
+               .beta_fast = 32.0f,
+               .beta_slow = 1.0f,
+               .mscale = 1.0f,
+               .mscale_all_dim = 1.0f};
   return c;
 }
 
@@ -28,7 +32,8 @@ TEST(RopeHost, PlainFrequencies) {
   const auto f = rope_inv_freq(c);
   ASSERT_EQ(f.size(), 32u);
   EXPECT_EQ(f[0], 1.0f);
-  for (int i = 0; i < 32; ++i) EXPECT_NEAR(f[size_t(i)], std::pow(10000.0, -2.0 * i / 64), 1e-7 * f[size_t(i)]) << i;
+  for (int i = 0; i < 32; ++i)
+    EXPECT_NEAR(f[size_t(i)], std::pow(10000.0, -2.0 * i / 64), 1e-7 * f[size_t(i)]) << i;
   EXPECT_NEAR(f[1], 0.7498942093324559, 1e-7);
 }
 
@@ -68,15 +73,22 @@ TEST(RopeHost, RotationMatchesFp64) {
   std::vector<bf16> x(T * d);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < d; ++i) x[t * d + i] = f32_to_bf16(i % 2 == 0 ? 1.0f : 0.0f);
-  host::rope({.x = x.data(), .positions = pos.data(), .inv_freq = f.data(), .num_tokens = T, .num_heads = 1,
-              .rope_dim = d, .token_stride = d, .head_stride = d});
+  host::rope({.x = x.data(),
+              .positions = pos.data(),
+              .inv_freq = f.data(),
+              .num_tokens = T,
+              .num_heads = 1,
+              .rope_dim = d,
+              .token_stride = d,
+              .head_stride = d});
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < d / 2; ++i) {
       const double phi = double(float(pos[t]) * f[size_t(i)]);
       EXPECT_NEAR(bf16_to_f32(x[t * d + 2 * i]), std::cos(phi), 0x1p-8) << t << "," << i;
       EXPECT_NEAR(bf16_to_f32(x[t * d + 2 * i + 1]), std::sin(phi), 0x1p-8) << t << "," << i;
     }
-  for (int64_t i = 0; i < d; ++i) EXPECT_EQ(bf16_to_f32(x[i]), i % 2 == 0 ? 1.0f : 0.0f);  // position 0: identity
+  for (int64_t i = 0; i < d; ++i)
+    EXPECT_EQ(bf16_to_f32(x[i]), i % 2 == 0 ? 1.0f : 0.0f);  // position 0: identity
 }
 
 TEST(RopeHost, OnlyTheRopeSliceOfEachHeadMoves) {
@@ -86,8 +98,15 @@ TEST(RopeHost, OnlyTheRopeSliceOfEachHeadMoves) {
   const auto before = x;
   const auto f = rope_inv_freq(v3_rope());
   const std::vector<int64_t> pos = {7, 8};
-  host::rope({.x = x.data(), .positions = pos.data(), .inv_freq = f.data(), .num_tokens = T, .num_heads = H,
-              .rope_dim = 64, .token_stride = H * D, .head_stride = D, .offset = 128});
+  host::rope({.x = x.data(),
+              .positions = pos.data(),
+              .inv_freq = f.data(),
+              .num_tokens = T,
+              .num_heads = H,
+              .rope_dim = 64,
+              .token_stride = H * D,
+              .head_stride = D,
+              .offset = 128});
   int changed = 0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h)
@@ -98,7 +117,8 @@ TEST(RopeHost, OnlyTheRopeSliceOfEachHeadMoves) {
         }
         changed += x[i].bits != before[i].bits;
       }
-  EXPECT_GT(changed, T * H * 20);  // small angles at high pair indices leave some bf16 values as they were
+  EXPECT_GT(changed,
+            T * H * 20);  // small angles at high pair indices leave some bf16 values as they were
 }
 
 TEST(RopeHost, DotProductDependsOnlyOnPositionDifference) {
@@ -107,16 +127,28 @@ TEST(RopeHost, DotProductDependsOnlyOnPositionDifference) {
   const auto q = testing::random_bf16(d, 41), k = testing::random_bf16(d, 42);
   auto roped_dot = [&](int64_t pq, int64_t pk) {
     std::vector<bf16> a = q, b = k;
-    host::rope({.x = a.data(), .positions = &pq, .inv_freq = f.data(), .num_tokens = 1, .rope_dim = d,
-                .token_stride = d, .head_stride = d});
-    host::rope({.x = b.data(), .positions = &pk, .inv_freq = f.data(), .num_tokens = 1, .rope_dim = d,
-                .token_stride = d, .head_stride = d});
+    host::rope({.x = a.data(),
+                .positions = &pq,
+                .inv_freq = f.data(),
+                .num_tokens = 1,
+                .rope_dim = d,
+                .token_stride = d,
+                .head_stride = d});
+    host::rope({.x = b.data(),
+                .positions = &pk,
+                .inv_freq = f.data(),
+                .num_tokens = 1,
+                .rope_dim = d,
+                .token_stride = d,
+                .head_stride = d});
     double s = 0;
-    for (int64_t i = 0; i < d; ++i) s += double(bf16_to_f32(a[size_t(i)])) * bf16_to_f32(b[size_t(i)]);
+    for (int64_t i = 0; i < d; ++i)
+      s += double(bf16_to_f32(a[size_t(i)])) * bf16_to_f32(b[size_t(i)]);
     return s;
   };
   double norm = 0;
-  for (int64_t i = 0; i < d; ++i) norm += std::fabs(bf16_to_f32(q[size_t(i)]) * bf16_to_f32(k[size_t(i)]));
+  for (int64_t i = 0; i < d; ++i)
+    norm += std::fabs(bf16_to_f32(q[size_t(i)]) * bf16_to_f32(k[size_t(i)]));
   const double base = roped_dot(10, 3);
   EXPECT_NEAR(roped_dot(17, 10), base, 0.02 * norm);
   EXPECT_NEAR(roped_dot(1007, 1000), base, 0.02 * norm);

@@ -41,7 +41,11 @@ TEST(RouterHost, NoauxTcHandCase) {
   // keep groups 1, 2 -> experts 2 (0.8), 5 (0.7). Weights: unbiased 0.5 each, normalised, x 2.5.
   for (KernelBackend be : {KernelBackend::host, KernelBackend::cpu}) {
     const std::vector<float> logits(8, 0.0f), bias = {0, 0.1f, 0.3f, 0, 0, 0.2f, 0, 0};
-    const RouterParams p{.num_tokens = 1, .num_experts = 8, .top_k = 2, .n_group = 4, .topk_group = 2,
+    const RouterParams p{.num_tokens = 1,
+                         .num_experts = 8,
+                         .top_k = 2,
+                         .n_group = 4,
+                         .topk_group = 2,
                          .routed_scaling_factor = 2.5f};
     const Out o = run(p, logits, &bias, be);
     EXPECT_EQ(o.idx, (std::vector<int64_t>{2, 5}));
@@ -54,7 +58,10 @@ TEST(RouterHost, NoauxTcHandCase) {
 TEST(RouterHost, BiasSelectsButWeightsAreUnbiased) {
   // Expert 0 has the larger logit but a bias of -0.5 pushes it below expert 1.
   const std::vector<float> logits = {2.0f, 1.0f, -1.0f, -2.0f}, bias = {-0.5f, 0, 0, 0};
-  const RouterParams p{.num_tokens = 1, .num_experts = 4, .top_k = 2, .norm_topk_prob = false,
+  const RouterParams p{.num_tokens = 1,
+                       .num_experts = 4,
+                       .top_k = 2,
+                       .norm_topk_prob = false,
                        .routed_scaling_factor = 1.0f};
   const Out o = run(p, logits, &bias);
   EXPECT_EQ(o.idx, (std::vector<int64_t>{1, 0}));  // b = [0.38, 0.73, 0.27, 0.12]
@@ -72,12 +79,17 @@ TEST(RouterHost, TiesGoToLowerIds) {
   // All equal: experts and groups tie; the lower ids win everywhere. Groups of 2, keep 2 of 4.
   for (KernelBackend be : {KernelBackend::host, KernelBackend::cpu}) {
     const std::vector<float> logits(8, 0.3f), bias(8, 0.0f);
-    const Out o = run({.num_tokens = 1, .num_experts = 8, .top_k = 3, .n_group = 4, .topk_group = 2}, logits, &bias,
-                      be);
+    const Out o =
+        run({.num_tokens = 1, .num_experts = 8, .top_k = 3, .n_group = 4, .topk_group = 2}, logits,
+            &bias, be);
     EXPECT_EQ(o.idx, (std::vector<int64_t>{0, 1, 2}));
     EXPECT_EQ(o.margin[0], 0.0f);
-    const Out g = run({.num_tokens = 1, .num_experts = 8, .top_k = 2, .scoring = ScoringFunc::softmax,
-                       .method = TopkMethod::greedy, .norm_topk_prob = false},
+    const Out g = run({.num_tokens = 1,
+                       .num_experts = 8,
+                       .top_k = 2,
+                       .scoring = ScoringFunc::softmax,
+                       .method = TopkMethod::greedy,
+                       .norm_topk_prob = false},
                       logits, nullptr, be);
     EXPECT_EQ(g.idx, (std::vector<int64_t>{0, 1}));
     EXPECT_FLOAT_EQ(g.w[0], 0.125f);
@@ -88,9 +100,15 @@ TEST(RouterHost, GroupLimitedGreedyUsesGroupMax) {
   // Softmax scores; groups {0,1}, {2,3}. Group max: g0 = logit 3 (expert 0), g1 = logit 2.5.
   // Top-2 sum would prefer g1 (2.5 + 2.4 vs 3 + -5); group max keeps g0 -> experts 0, 1.
   const std::vector<float> logits = {3.0f, -5.0f, 2.5f, 2.4f};
-  const RouterParams p{.num_tokens = 1, .num_experts = 4, .top_k = 2, .n_group = 2, .topk_group = 1,
-                       .scoring = ScoringFunc::softmax, .method = TopkMethod::group_limited_greedy,
-                       .norm_topk_prob = false, .routed_scaling_factor = 16.0f};
+  const RouterParams p{.num_tokens = 1,
+                       .num_experts = 4,
+                       .top_k = 2,
+                       .n_group = 2,
+                       .topk_group = 1,
+                       .scoring = ScoringFunc::softmax,
+                       .method = TopkMethod::group_limited_greedy,
+                       .norm_topk_prob = false,
+                       .routed_scaling_factor = 16.0f};
   const Out o = run(p, logits, nullptr);
   EXPECT_EQ(o.idx, (std::vector<int64_t>{0, 1}));
   double z = 0;
@@ -105,9 +123,14 @@ TEST(RouterCpu, MatchesHostOnRandomTokens) {
   const int64_t T = 200, E = 256;
   const auto logits = testing::random_f32(T * E, 91, -4.0f, 4.0f);
   const auto bias = testing::random_f32(E, 92, -0.5f, 0.5f);
-  const RouterParams p{.num_tokens = T, .num_experts = E, .top_k = 8, .n_group = 8, .topk_group = 4,
+  const RouterParams p{.num_tokens = T,
+                       .num_experts = E,
+                       .top_k = 8,
+                       .n_group = 8,
+                       .topk_group = 4,
                        .routed_scaling_factor = 2.5f};
-  const Out h = run(p, logits, &bias, KernelBackend::host), c = run(p, logits, &bias, KernelBackend::cpu);
+  const Out h = run(p, logits, &bias, KernelBackend::host),
+            c = run(p, logits, &bias, KernelBackend::cpu);
   EXPECT_EQ(h.idx, c.idx);
   EXPECT_EQ(h.w, c.w);
   EXPECT_EQ(h.margin, c.margin);
@@ -118,10 +141,13 @@ TEST(RouterCpu, MatchesHostOnRandomTokens) {
 
 TEST(RouterHost, RejectsInconsistentConfigs) {
   const std::vector<float> logits(8, 0.0f), bias(8, 0.0f);
-  EXPECT_THROW(run({.num_tokens = 1, .num_experts = 8, .top_k = 2, .n_group = 3}, logits, &bias), Error);
-  EXPECT_THROW(run({.num_tokens = 1, .num_experts = 8, .top_k = 5, .n_group = 4, .topk_group = 2}, logits, &bias),
+  EXPECT_THROW(run({.num_tokens = 1, .num_experts = 8, .top_k = 2, .n_group = 3}, logits, &bias),
                Error);
-  EXPECT_THROW(run({.num_tokens = 1, .num_experts = 8, .top_k = 2}, logits, nullptr), Error);  // noaux_tc, no bias
+  EXPECT_THROW(run({.num_tokens = 1, .num_experts = 8, .top_k = 5, .n_group = 4, .topk_group = 2},
+                   logits, &bias),
+               Error);
+  EXPECT_THROW(run({.num_tokens = 1, .num_experts = 8, .top_k = 2}, logits, nullptr),
+               Error);  // noaux_tc, no bias
 }
 
 }  // namespace

@@ -20,13 +20,15 @@ TEST(Philox, KnownAnswerVectors) {
             (std::array<uint32_t, 4>{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
   EXPECT_EQ(philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}),
             (std::array<uint32_t, 4>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  EXPECT_EQ(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
+  EXPECT_EQ(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+                          {0xa4093822u, 0x299f31d0u}),
             (std::array<uint32_t, 4>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
 }
 
 // Samples one row `n` times with counters 0..n-1; returns token counts.
-std::map<int32_t, int> draw(const std::vector<float>& logits, float temperature, int32_t top_k, float top_p, int n,
-                            KernelBackend be = KernelBackend::host, uint64_t seed = 1234) {
+std::map<int32_t, int> draw(const std::vector<float>& logits, float temperature, int32_t top_k,
+                            float top_p, int n, KernelBackend be = KernelBackend::host,
+                            uint64_t seed = 1234) {
   const int64_t V = int64_t(logits.size());
   const size_t un = static_cast<size_t>(n);
   std::vector<float> rows(un * size_t(V)), temp(un, temperature), tp(un, top_p);
@@ -37,8 +39,15 @@ std::map<int32_t, int> draw(const std::vector<float>& logits, float temperature,
     counters[size_t(i)] = i;
   }
   ScopedBackend use(be);
-  sample({.logits = rows.data(), .temperature = temp.data(), .top_k = tk.data(), .top_p = tp.data(),
-          .seed = seeds.data(), .counter = counters.data(), .tokens = tokens.data(), .batch = n, .vocab = V});
+  sample({.logits = rows.data(),
+          .temperature = temp.data(),
+          .top_k = tk.data(),
+          .top_p = tp.data(),
+          .seed = seeds.data(),
+          .counter = counters.data(),
+          .tokens = tokens.data(),
+          .batch = n,
+          .vocab = V});
   std::map<int32_t, int> counts;
   for (int32_t t : tokens) counts[t]++;
   return counts;
@@ -71,7 +80,8 @@ TEST(SamplingHost, TopKAndTopPKeepTheRightSubset) {
     EXPECT_NEAR(p7.at(0) / 4000.0, 0.5 / 0.8, 0.03);
     const auto p9 = draw(l, 1.0f, 0, 0.9f, 4000, be);  // 0.8 < 0.9 <= 0.95: keep {0, 1, 2}
     EXPECT_EQ(p9.size(), 3u);
-    EXPECT_EQ(draw(l, 1.0f, 0, 0.4f, 100, be), (std::map<int32_t, int>{{0, 100}}));  // first token alone
+    EXPECT_EQ(draw(l, 1.0f, 0, 0.4f, 100, be),
+              (std::map<int32_t, int>{{0, 100}}));  // first token alone
   }
 }
 
@@ -111,8 +121,15 @@ TEST(SamplingCpu, ReproducibleAcrossBackendsAndThreads) {
     ScopedThreadPool use_pool(pool);
     ScopedBackend use(be);
     std::vector<int32_t> tokens(B, -1);
-    sample({.logits = logits.data(), .temperature = temp.data(), .top_k = tk.data(), .top_p = tp.data(),
-            .seed = seed.data(), .counter = counter.data(), .tokens = tokens.data(), .batch = B, .vocab = V});
+    sample({.logits = logits.data(),
+            .temperature = temp.data(),
+            .top_k = tk.data(),
+            .top_p = tp.data(),
+            .seed = seed.data(),
+            .counter = counter.data(),
+            .tokens = tokens.data(),
+            .batch = B,
+            .vocab = V});
     return tokens;
   };
   const auto ref = run(KernelBackend::host, 1);
@@ -130,7 +147,9 @@ TEST(SamplingHost, RejectsNanAndBadTopP) {
   EXPECT_THROW(host::sample({.logits = l.data(), .tokens = &tok, .batch = 1, .vocab = 2}), Error);
   l[1] = 1.0f;
   const float bad = 0.0f;
-  EXPECT_THROW(host::sample({.logits = l.data(), .top_p = &bad, .tokens = &tok, .batch = 1, .vocab = 2}), Error);
+  EXPECT_THROW(
+      host::sample({.logits = l.data(), .top_p = &bad, .tokens = &tok, .batch = 1, .vocab = 2}),
+      Error);
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
 // The tiny model's own tokenizer (models/tiny, trained by tools/reference/train_tokenizer.py)
 // against the independent Python encoder (tools/reference/bpe.py, `regex` module): its ids for
 // mixed text (golden/tokenizer_cases.json) and for the golden prompts (golden/golden.json).
-#include "tokenizer/tokenizer.h"
-
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
 namespace {
@@ -23,7 +23,8 @@ json load_json(const std::string& path) {
 }
 
 TEST(TinyModelTokenizer, LoadsAndRoundTrips) {
-  if (!std::filesystem::exists(kTiny + "/tokenizer.json")) GTEST_SKIP() << "no " << kTiny << "/tokenizer.json";
+  if (!std::filesystem::exists(kTiny + "/tokenizer.json"))
+    GTEST_SKIP() << "no " << kTiny << "/tokenizer.json";
   const Tokenizer tok = Tokenizer::from_dir(kTiny);
   EXPECT_TRUE(tok.has_chat_tokens());
   ASSERT_TRUE(tok.bos_id().has_value());
@@ -38,7 +39,8 @@ TEST(TinyModelTokenizer, LoadsAndRoundTrips) {
 // golden/tokenizer_cases.json: [{"text": str, "ids": [int]}], ids without BOS.
 TEST(TinyModelTokenizer, MatchesReferenceEncoderCases) {
   const std::string path = kTiny + "/golden/tokenizer_cases.json";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path << " (tools/reference/write_golden.py writes it)";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << "no " << path << " (tools/reference/write_golden.py writes it)";
   const Tokenizer tok = Tokenizer::from_dir(kTiny);
   const json cases = load_json(path);
   ASSERT_TRUE(cases.is_array());
@@ -54,10 +56,12 @@ TEST(TinyModelTokenizer, MatchesReferenceEncoderCases) {
   }
 }
 
-// golden/golden.json: prompts[i].ids = [BOS] (when add_bos) + the reference encoder's ids of prompts[i].text.
+// golden/golden.json: prompts[i].ids = [BOS] (when add_bos) + the reference encoder's ids of
+// prompts[i].text.
 TEST(TinyModelTokenizer, MatchesGoldenPromptIds) {
   const std::string path = kTiny + "/golden/golden.json";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path << " (tools/reference/write_golden.py writes it)";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << "no " << path << " (tools/reference/write_golden.py writes it)";
   const Tokenizer tok = Tokenizer::from_dir(kTiny);
   const json golden = load_json(path);
   ASSERT_GT(golden.at("prompts").size(), 0u);
@@ -65,7 +69,8 @@ TEST(TinyModelTokenizer, MatchesGoldenPromptIds) {
   o.add_special_tokens = golden.value("add_bos", true);
   for (const json& p : golden.at("prompts")) {
     const std::string text = p.at("text").get<std::string>();
-    EXPECT_EQ(tok.encode(text, o), p.at("ids").get<Ids>()) << "prompt " << p.value("index", -1) << ": " << text;
+    EXPECT_EQ(tok.encode(text, o), p.at("ids").get<Ids>())
+        << "prompt " << p.value("index", -1) << ": " << text;
   }
 }
 

@@ -1,19 +1,19 @@
 // Round trips on megabytes of generated mixed-script text, and the fast BPE (priority queue,
 // cache) against a naive GPT-2 `bpe()` loop on a tokenizer trained here with a few hundred merges.
-#include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8.h"
-
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
 #include <ctime>
+#include <fstream>
 #include <map>
-#include <unordered_map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
+
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace deepinfer {
 namespace {
@@ -43,10 +43,10 @@ struct Range {
 
 // Letters of many scripts: Latin (ASCII, Latin-1, Extended-A), Greek, Cyrillic, Hebrew,
 // Arabic, Devanagari, Thai, Hangul, Hiragana, Katakana, CJK, math alphanumerics (4 bytes).
-constexpr Range kScripts[] = {{0x61, 0x7A},     {0x41, 0x5A},     {0xC0, 0xFF},     {0x100, 0x17F},
-                              {0x3B1, 0x3C9},   {0x410, 0x44F},   {0x5D0, 0x5EA},   {0x627, 0x64A},
-                              {0x905, 0x939},   {0xE01, 0xE30},   {0xAC00, 0xD7A3}, {0x3041, 0x3096},
-                              {0x30A1, 0x30FA}, {0x4E00, 0x9FA5}, {0x1D400, 0x1D433}};
+constexpr Range kScripts[] = {
+    {0x61, 0x7A},     {0x41, 0x5A},     {0xC0, 0xFF},     {0x100, 0x17F},   {0x3B1, 0x3C9},
+    {0x410, 0x44F},   {0x5D0, 0x5EA},   {0x627, 0x64A},   {0x905, 0x939},   {0xE01, 0xE30},
+    {0xAC00, 0xD7A3}, {0x3041, 0x3096}, {0x30A1, 0x30FA}, {0x4E00, 0x9FA5}, {0x1D400, 0x1D433}};
 
 // Mixed-script text: words, emoji (with ZWJ and variation selectors), combining marks,
 // whitespace runs (tabs, CRLF, NBSP, ideographic space, NEL), digits of three systems,
@@ -54,11 +54,15 @@ constexpr Range kScripts[] = {{0x61, 0x7A},     {0x41, 0x5A},     {0xC0, 0xFF}, 
 std::string mixed_text(size_t bytes, uint32_t seed, bool with_added_tokens) {
   std::mt19937 rng(seed);
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-  auto cp_in = [&](char32_t lo, char32_t hi) { return static_cast<char32_t>(lo + rng() % (hi - lo + 1)); };
-  static const char* const kSeps[] = {" ", " ", " ", "  ", "\t", "\n", "\r\n", "\n\n", "   \n", "\u3000", "\u00A0",
-                                      "\u0085", ". ", ", ", "; ", "!", "?", "(", ")", "[", "]", "\"", "-", "'s", "'ll",
-                                      "'t", " — ", "…", "\x01", "\x7F", ""};  // "" stands for NUL
-  static const char* const kAdded[] = {"<｜User｜>", "<｜Assistant｜>", "<think>", "<tag>>", "<tag>", "<｜end▁of▁sentence｜>"};
+  auto cp_in = [&](char32_t lo, char32_t hi) {
+    return static_cast<char32_t>(lo + rng() % (hi - lo + 1));
+  };
+  static const char* const kSeps[] = {
+      " ",      " ",  " ",   "  ", "\t",  "\n", "\r\n", "\n\n", "   \n", "\u3000", "\u00A0",
+      "\u0085", ". ", ", ",  "; ", "!",   "?",  "(",    ")",    "[",     "]",      "\"",
+      "-",      "'s", "'ll", "'t", " — ", "…",  "\x01", "\x7F", ""};  // "" stands for NUL
+  static const char* const kAdded[] = {"<｜User｜>", "<｜Assistant｜>", "<think>",
+                                       "<tag>>",     "<tag>",           "<｜end▁of▁sentence｜>"};
   std::string out;
   out.reserve(bytes + 64);
   while (out.size() < bytes) {
@@ -96,8 +100,8 @@ void expect_round_trip(const Tokenizer& tok, const std::string& text, const char
   const Ids ids = tok.encode(text, plain());
   const double s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
   const std::string back = tok.decode(ids);
-  std::printf("[ %s ] %.2f MB -> %zu ids, encode %.1f MB/s of CPU time (mostly unique words)\n", what,
-              text.size() / 1e6, ids.size(), text.size() / 1e6 / std::max(s, 1e-6));
+  std::printf("[ %s ] %.2f MB -> %zu ids, encode %.1f MB/s of CPU time (mostly unique words)\n",
+              what, text.size() / 1e6, ids.size(), text.size() / 1e6 / std::max(s, 1e-6));
   ASSERT_EQ(back.size(), text.size()) << what;
   if (back != text) {
     const size_t at = std::mismatch(back.begin(), back.end(), text.begin()).first - back.begin();
@@ -136,7 +140,8 @@ TEST(RoundTrip, InvalidUtf8NeverCrashes) {
   std::mt19937 rng(4);
   for (int round = 0; round < 8; ++round) {
     std::string junk(16 << 10, '\0');
-    for (char& c : junk) c = static_cast<char>(rng() % (round % 2 ? 256 : 64) + (round % 2 ? 0 : 0x80));
+    for (char& c : junk)
+      c = static_cast<char>(rng() % (round % 2 ? 256 : 64) + (round % 2 ? 0 : 0x80));
     const std::string clean = utf8::sanitize(junk);
     EXPECT_EQ(tok.decode(tok.encode(junk, plain())), clean);
   }
@@ -149,8 +154,10 @@ TEST(RoundTrip, ConcurrentEncodesAgree) {
   constexpr int kThreads = 4;
   std::vector<std::string> texts;
   std::vector<Ids> expect;
-  for (int t = 0; t < kThreads; ++t) texts.push_back(mixed_text(64 << 10, 100 + t % 2, true));  // overlapping words
-  for (const auto& t : texts) expect.push_back(Tokenizer::from_dir(kDs).encode(t, plain()));  // fresh caches
+  for (int t = 0; t < kThreads; ++t)
+    texts.push_back(mixed_text(64 << 10, 100 + t % 2, true));  // overlapping words
+  for (const auto& t : texts)
+    expect.push_back(Tokenizer::from_dir(kDs).encode(t, plain()));  // fresh caches
   std::vector<Ids> got(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
@@ -173,7 +180,8 @@ std::vector<Sym> byte_syms(std::string_view piece) {
 
 // Greedy BPE training: repeatedly merge the most frequent adjacent pair (ties: the pair whose
 // symbols were created first). Symbols are ints here so the test trains in well under a second.
-std::vector<std::pair<Sym, Sym>> train_merges(const std::vector<std::string>& pieces, size_t num_merges) {
+std::vector<std::pair<Sym, Sym>> train_merges(const std::vector<std::string>& pieces,
+                                              size_t num_merges) {
   std::vector<Sym> names;
   std::unordered_map<Sym, int32_t> ids;
   auto sym_id = [&](const Sym& s) {
@@ -194,7 +202,8 @@ std::vector<std::pair<Sym, Sym>> train_merges(const std::vector<std::string>& pi
   for (size_t m = 0; m < num_merges; ++m) {
     pairs.clear();
     for (const auto& [w, c] : words)
-      for (size_t i = 0; i + 1 < w.size(); ++i) pairs[(uint64_t(w[i]) << 32) | uint32_t(w[i + 1])] += c;
+      for (size_t i = 0; i + 1 < w.size(); ++i)
+        pairs[(uint64_t(w[i]) << 32) | uint32_t(w[i + 1])] += c;
     if (pairs.empty()) break;
     uint64_t best = 0;
     int64_t best_count = -1;
@@ -206,8 +215,10 @@ std::vector<std::pair<Sym, Sym>> train_merges(const std::vector<std::string>& pi
     for (auto& [w, c] : words) {
       size_t o = 0;
       for (size_t i = 0; i < w.size(); ++i) {
-        if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) w[o++] = ab, ++i;
-        else w[o++] = w[i];
+        if (i + 1 < w.size() && w[i] == a && w[i + 1] == b)
+          w[o++] = ab, ++i;
+        else
+          w[o++] = w[i];
       }
       w.resize(o);
     }
@@ -256,7 +267,8 @@ TEST(RoundTrip, FastBpeMatchesNaiveLoopOnTrainedMerges) {
     ranks.emplace(std::pair{a, b}, ranks.size());
   }
   const TokenId first_added = static_cast<TokenId>(vocab.size());
-  for (size_t i = 0; i < j["added_tokens"].size(); ++i) j["added_tokens"][i]["id"] = first_added + static_cast<TokenId>(i);
+  for (size_t i = 0; i < j["added_tokens"].size(); ++i)
+    j["added_tokens"][i]["id"] = first_added + static_cast<TokenId>(i);
   j["post_processor"] = nullptr;
   j["model"]["vocab"] = vocab;
   j["model"]["merges"] = jm;
@@ -265,7 +277,8 @@ TEST(RoundTrip, FastBpeMatchesNaiveLoopOnTrainedMerges) {
   const std::string text = mixed_text(512 << 10, 6, false);  // other text than the corpus
   Ids naive;
   for (const std::string& piece : tok.pre_tokenize(text))
-    for (const Sym& s : naive_bpe(byte_syms(piece), ranks)) naive.push_back(vocab.at(s).get<TokenId>());
+    for (const Sym& s : naive_bpe(byte_syms(piece), ranks))
+      naive.push_back(vocab.at(s).get<TokenId>());
   const Ids fast = tok.encode(text, plain());
   ASSERT_EQ(fast.size(), naive.size());
   EXPECT_TRUE(fast == naive);

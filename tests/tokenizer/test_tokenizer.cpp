@@ -1,19 +1,17 @@
 // Tokenizer unit tests on hand-made fixtures (tests/tokenizer/data/README.md): ids computed by
 // hand from the merge ranks, pre-tokenizer pieces derived by hand from the patterns (and HF's
 // documented Split examples), added tokens, chat format, and error messages.
-#include "tokenizer/tokenizer.h"
-
-#include "tokenizer/regex.h"
-
 #include <deepinfer/error.h>
-
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "tokenizer/regex.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
 namespace {
@@ -27,7 +25,8 @@ const std::string kDs = kData + "/deepseek_style";
 const std::string kGpt2 = kData + "/gpt2_style";
 
 // Fixture ids (data/README.md): a byte's token id is the byte value; merges add 256..270.
-constexpr TokenId kHello = 259, kSpaceThe = 262, kSpaceT = 261, kIng = 264, k123 = 266, kZhong = 268;
+constexpr TokenId kHello = 259, kSpaceThe = 262, kSpaceT = 261, kIng = 264, k123 = 266,
+                  kZhong = 268;
 constexpr TokenId kBos = 271, kEos = 272, kUser = 273, kAssistant = 274, kThink = 275, kMask = 276,
                   kTag = 277, kTagGt = 278;
 
@@ -38,7 +37,9 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 json fixture(const std::string& dir) { return json::parse(slurp(dir + "/tokenizer.json")); }
-Tokenizer make(const json& j, const std::string& cfg = "") { return Tokenizer::from_json(j.dump(), cfg); }
+Tokenizer make(const json& j, const std::string& cfg = "") {
+  return Tokenizer::from_json(j.dump(), cfg);
+}
 
 EncodeOptions plain() {
   EncodeOptions o;
@@ -87,14 +88,16 @@ TEST(Tokenizer, MergeRanksDecideOrder) {
 TEST(Tokenizer, StringAndPairMergeFormsAgree) {
   // gpt2_style writes merges as "a b", deepseek_style as ["a", "b"]; same vocab and ranks.
   const Tokenizer gpt2 = Tokenizer::from_dir(kGpt2);
-  EXPECT_EQ(gpt2.encode("hello the thing 123"), (Ids{kHello, kSpaceThe, kSpaceT, 'h', kIng, ' ', k123}));
+  EXPECT_EQ(gpt2.encode("hello the thing 123"),
+            (Ids{kHello, kSpaceThe, kSpaceT, 'h', kIng, ' ', k123}));
   EXPECT_EQ(gpt2.bos_id(), std::nullopt);  // no tokenizer_config.json
 }
 
 TEST(Tokenizer, PostProcessorTemplateWithoutConfig) {
   const Tokenizer tok = make(fixture(kDs));  // no tokenizer_config.json: the template adds BOS
   EXPECT_EQ(tok.encode("hello"), (Ids{kBos, kHello}));
-  const Tokenizer no_bos = make(fixture(kDs), R"({"add_bos_token": false, "bos_token": "<｜begin▁of▁sentence｜>"})");
+  const Tokenizer no_bos =
+      make(fixture(kDs), R"({"add_bos_token": false, "bos_token": "<｜begin▁of▁sentence｜>"})");
   EXPECT_EQ(no_bos.encode("hello"), Ids{kHello});
   const Tokenizer both = make(fixture(kDs), R"({"add_bos_token": true, "add_eos_token": true,
       "bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"})");
@@ -150,10 +153,10 @@ TEST(PreTokenizer, RegexWhitespaceRewriteKeepsSyntax) {
     for (auto [b, e] : m) out.emplace_back(subject.substr(b, e - b));
     return out;
   };
-  EXPECT_EQ(matches(R"([]\s]+)", "a] \u3000b"), (Pieces{"] \u3000"}));   // ']' first in a class
+  EXPECT_EQ(matches(R"([]\s]+)", "a] \u3000b"), (Pieces{"] \u3000"}));  // ']' first in a class
   EXPECT_EQ(matches(R"([^\s\p{L}]+)", "ab,; c!"), (Pieces{",;", "!"}));
-  EXPECT_EQ(matches(R"(\\s)", "x\\sy s"), (Pieces{"\\s"}));            // escaped backslash
-  EXPECT_EQ(matches(R"(\Q\s\E)", "a\\sb "), (Pieces{"\\s"}));          // quoted
+  EXPECT_EQ(matches(R"(\\s)", "x\\sy s"), (Pieces{"\\s"}));    // escaped backslash
+  EXPECT_EQ(matches(R"(\Q\s\E)", "a\\sb "), (Pieces{"\\s"}));  // quoted
   EXPECT_EQ(matches(R"(\S+)", "ab\u180Ecd e"), (Pieces{"ab\u180Ecd", "e"}));
   EXPECT_EQ(matches(R"([[:digit:]\s]+)", "a1 2b"), (Pieces{"1 2"}));
 }
@@ -162,7 +165,10 @@ TEST(PreTokenizer, RegexWhitespaceRewriteKeepsSyntax) {
 TEST(PreTokenizer, SplitBehaviors) {
   auto pieces = [](const char* behavior, bool invert) {
     json j = fixture(kDs);
-    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", invert}};
+    j["pre_tokenizer"] = {{"type", "Split"},
+                          {"pattern", {{"String", "-"}}},
+                          {"behavior", behavior},
+                          {"invert", invert}};
     return make(j).pre_tokenize("the-final--countdown");
   };
   EXPECT_EQ(pieces("Removed", false), (Pieces{"the", "final", "countdown"}));
@@ -217,8 +223,8 @@ TEST(AddedTokens, LongestMatchFirst) {
 
 TEST(AddedTokens, Lstrip) {
   const Tokenizer tok = Tokenizer::from_dir(kDs);
-  EXPECT_EQ(tok.encode("a  <mask>", plain()), (Ids{'a', kMask}));      // lstrip eats the spaces
-  EXPECT_EQ(tok.encode("a <tag>", plain()), (Ids{'a', ' ', kTag}));    // no lstrip
+  EXPECT_EQ(tok.encode("a  <mask>", plain()), (Ids{'a', kMask}));    // lstrip eats the spaces
+  EXPECT_EQ(tok.encode("a <tag>", plain()), (Ids{'a', ' ', kTag}));  // no lstrip
   json j = fixture(kDs);
   for (auto& t : j["added_tokens"])
     if (t["content"] == "<tag>") t["rstrip"] = true;
@@ -238,8 +244,10 @@ TEST(AddedTokens, SingleWord) {
 
 TEST(Decode, SpecialTokensAndPartialUtf8) {
   const Tokenizer tok = Tokenizer::from_dir(kDs);
-  EXPECT_EQ(tok.decode(Ids{kBos, kHello, kSpaceThe, kEos}), "<｜begin▁of▁sentence｜>hello the<｜end▁of▁sentence｜>");
-  EXPECT_EQ(tok.decode(Ids{kBos, kHello, kSpaceThe, kEos}, /*skip_special_tokens=*/true), "hello the");
+  EXPECT_EQ(tok.decode(Ids{kBos, kHello, kSpaceThe, kEos}),
+            "<｜begin▁of▁sentence｜>hello the<｜end▁of▁sentence｜>");
+  EXPECT_EQ(tok.decode(Ids{kBos, kHello, kSpaceThe, kEos}, /*skip_special_tokens=*/true),
+            "hello the");
   EXPECT_EQ(tok.decode(Ids{kThink}, true), "<think>");  // not special: kept
   EXPECT_EQ(tok.decode(Ids{kZhong}), "中");
   EXPECT_EQ(tok.decode(Ids{0xE4}), "\uFFFD");        // a cut character
@@ -272,7 +280,9 @@ TEST(Decode, StreamDecoderEmitsOnlyCompleteCharacters) {
 
 TEST(Encode, InvalidUtf8ReplacedOrRejected) {
   const Tokenizer tok = Tokenizer::from_dir(kDs);
-  const std::string bad = "ab\xFF" "cd\xE4\xB8";
+  const std::string bad =
+      "ab\xFF"
+      "cd\xE4\xB8";
   EXPECT_EQ(tok.encode(bad, plain()), tok.encode("ab\uFFFDcd\uFFFD", plain()));
   EXPECT_EQ(tok.decode(tok.encode(bad, plain())), "ab\uFFFDcd\uFFFD");
   EncodeOptions strict = plain();
@@ -305,10 +315,17 @@ TEST(Tokenizer, IgnoreMerges) {
 
 TEST(Tokenizer, UnkTokenAndFuseUnk) {
   // A char-level BPE without byte-level mapping: unknown chars become <unk>.
-  json j = {{"added_tokens", json::array()}, {"normalizer", nullptr}, {"pre_tokenizer", nullptr},
-            {"post_processor", nullptr}, {"decoder", nullptr},
-            {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", false},
-                       {"vocab", {{"a", 0}, {"b", 1}, {"<unk>", 2}, {"ab", 3}}}, {"merges", {"a b"}}}}};
+  json j = {{"added_tokens", json::array()},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", nullptr},
+            {"post_processor", nullptr},
+            {"decoder", nullptr},
+            {"model",
+             {{"type", "BPE"},
+              {"unk_token", "<unk>"},
+              {"fuse_unk", false},
+              {"vocab", {{"a", 0}, {"b", 1}, {"<unk>", 2}, {"ab", 3}}},
+              {"merges", {"a b"}}}}};
   EXPECT_EQ(make(j).encode("abxyb"), (Ids{3, 2, 2, 1}));
   j["model"]["fuse_unk"] = true;
   EXPECT_EQ(make(j).encode("abxyb"), (Ids{3, 2, 1}));
@@ -320,10 +337,11 @@ TEST(Tokenizer, UnkTokenAndFuseUnk) {
 TEST(Chat, DeepSeekV3Format) {
   const Tokenizer tok = Tokenizer::from_dir(kDs);
   ASSERT_TRUE(tok.has_chat_tokens());
-  const std::vector<ChatMessage> msgs = {{"system", "S1"}, {"system", "S2"}, {"user", "hi"},
-                                         {"assistant", "hello"}, {"user", "the"}};
+  const std::vector<ChatMessage> msgs = {
+      {"system", "S1"}, {"system", "S2"}, {"user", "hi"}, {"assistant", "hello"}, {"user", "the"}};
   const std::string expect =
-      "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>hi<｜Assistant｜>hello<｜end▁of▁sentence｜><｜User｜>the<｜Assistant｜>";
+      "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>hi<｜Assistant｜>hello<｜end▁of▁sentence｜><"
+      "｜User｜>the<｜Assistant｜>";
   EXPECT_EQ(tok.format_chat(msgs), expect);
   const Ids ids = tok.encode_chat(msgs);
   EXPECT_EQ(ids, tok.encode(expect, plain()));
@@ -339,7 +357,9 @@ TEST(Chat, ContentCannotInjectControlTokens) {
   const Ids ids = tok.encode_chat(msgs);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), kAssistant), 1);  // only the generation prompt
   EXPECT_EQ(tok.decode(ids), "<｜begin▁of▁sentence｜><｜User｜>x<｜Assistant｜>y<｜Assistant｜>");
-  EXPECT_NE(error_of([&] { tok.format_chat(std::vector<ChatMessage>{{"tool", "x"}}); }).find("role \"tool\""),
+  EXPECT_NE(error_of([&] {
+              tok.format_chat(std::vector<ChatMessage>{{"tool", "x"}});
+            }).find("role \"tool\""),
             std::string::npos);
 }
 
@@ -373,9 +393,14 @@ TEST(LoadErrors, MissingFileAndMalformedJson) {
 TEST(LoadErrors, UnknownComponentsNameThePathAndType) {
   std::string msg = load_error([](json& j) { j["model"]["type"] = "WordPiece"; });
   EXPECT_NE(msg.find("model.type = \"WordPiece\""), std::string::npos) << msg;
-  msg = load_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][1] = {{"type", "Whitespace"}}; });
-  EXPECT_NE(msg.find("pre_tokenizer.pretokenizers[1].type = \"Whitespace\""), std::string::npos) << msg;
-  msg = load_error([](json& j) { j["normalizer"]["normalizers"] = json::array({{{"type", "Lowercase"}}}); });
+  msg = load_error([](json& j) {
+    j["pre_tokenizer"]["pretokenizers"][1] = {{"type", "Whitespace"}};
+  });
+  EXPECT_NE(msg.find("pre_tokenizer.pretokenizers[1].type = \"Whitespace\""), std::string::npos)
+      << msg;
+  msg = load_error([](json& j) {
+    j["normalizer"]["normalizers"] = json::array({{{"type", "Lowercase"}}});
+  });
   EXPECT_NE(msg.find("normalizer.normalizers[0].type = \"Lowercase\""), std::string::npos) << msg;
   msg = load_error([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; });
   EXPECT_NE(msg.find("decoder.type = \"Metaspace\""), std::string::npos) << msg;
@@ -384,22 +409,27 @@ TEST(LoadErrors, UnknownComponentsNameThePathAndType) {
   msg = load_error([](json& j) { j["model"]["byte_fallback"] = true; });
   EXPECT_NE(msg.find("model.byte_fallback"), std::string::npos) << msg;
   msg = load_error([](json& j) {
-    j["pre_tokenizer"]["pretokenizers"] = json::array({{{"type", "ByteLevel"}, {"use_regex", false}},
-                                                       {{"type", "Digits"}}});
+    j["pre_tokenizer"]["pretokenizers"] =
+        json::array({{{"type", "ByteLevel"}, {"use_regex", false}}, {{"type", "Digits"}}});
   });
   EXPECT_NE(msg.find("after ByteLevel"), std::string::npos) << msg;
 }
 
 TEST(LoadErrors, BadMergesAndPatterns) {
   std::string msg = load_error([](json& j) { j["model"]["merges"].push_back({"q", "zz"}); });
-  EXPECT_NE(msg.find("model.merges[15]: token \"zz\" is not in the vocab"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.merges[15]: token \"zz\" is not in the vocab"), std::string::npos)
+      << msg;
   msg = load_error([](json& j) { j["model"]["merges"].push_back("x y z"); });
   EXPECT_NE(msg.find("model.merges[15]"), std::string::npos) << msg;
   msg = load_error([](json& j) { j["model"]["merges"].push_back({"q", "q"}); });
   EXPECT_NE(msg.find("merged token \"qq\""), std::string::npos) << msg;
-  msg = load_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(\\p{N}"; });
-  EXPECT_NE(msg.find("pre_tokenizer.pretokenizers[0].pattern.Regex: cannot compile regex"), std::string::npos) << msg;
-  msg = load_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways"; });
+  msg = load_error(
+      [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(\\p{N}"; });
+  EXPECT_NE(msg.find("pre_tokenizer.pretokenizers[0].pattern.Regex: cannot compile regex"),
+            std::string::npos)
+      << msg;
+  msg =
+      load_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways"; });
   EXPECT_NE(msg.find("\"Sideways\""), std::string::npos) << msg;
   msg = load_error([](json& j) { j["model"]["vocab"]["a"] = "one"; });
   EXPECT_NE(msg.find("model.vocab[\"a\"]"), std::string::npos) << msg;

@@ -26,13 +26,14 @@ DEEPINFER_COMMAND("bench", "kernels", "Kernel benchmarks vs memcpy bandwidth, FM
     ctx.threads = *threads;
     ctx.quick = *quick;
     ctx.pool = &pool;
-    int failures = 0, ran = 0;
+    int failures = 0;
+    int ran = 0;
     std::string names;
-    for (const auto& [name, fn] : kernel_benches()) {
-      names += (names.empty() ? "" : ", ") + name;
-      if (!only->empty() && name != *only) continue;
+    for (const auto& bench : kernel_benches()) {
+      names += (names.empty() ? "" : ", ") + bench.first;
+      if (!only->empty() && bench.first != *only) continue;
       ++ran;
-      failures += fn(ctx);
+      failures += bench.second(ctx);
     }
     if (ran == 0) {
       fmt::print(stderr, "bench kernels: no sub-bench named '{}' (have: {})\n", *only, names);

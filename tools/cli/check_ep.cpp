@@ -5,7 +5,6 @@
 #include <deepinfer/ep.h>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <memory>
@@ -76,8 +75,12 @@ DEEPINFER_COMMAND(
       app.add_option("--combine", o->combine, "exact, fast or all (default all)")
           ->check(CLI::IsMember({"exact", "fast", "all"}));
       std::vector<std::string> faults;
-      for (const auto& f : fault_names()) faults.emplace_back(f.first);
-      app.add_option("--fault", o->fault, "Run through a faulty backend: " + fmt::format("{}", fmt::join(faults, ", ")))
+      std::string fault_list;
+      for (const auto& f : fault_names()) {
+        faults.emplace_back(f.first);
+        fault_list += (fault_list.empty() ? "" : ", ") + std::string(f.first);
+      }
+      app.add_option("--fault", o->fault, "Run through a faulty backend: " + fault_list)
           ->check(CLI::IsMember(faults));
       app.add_option("--timeout", o->timeout_s, "Deadline of each collective in seconds (default DEEPINFER_COMM_TIMEOUT_S)")
           ->check(CLI::PositiveNumber);

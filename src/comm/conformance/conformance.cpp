@@ -59,6 +59,7 @@ bool large_reduce(size_t dtype_index, ReduceOp op, Coverage cov) {
 class Arena {
  public:
   std::byte* get(size_t bytes) {
+    bytes = std::max(bytes, kGuardBytes);  // never null, even for 0-element cases
     if (mem_.size() < bytes) mem_.resize(bytes);
     return mem_.data();
   }

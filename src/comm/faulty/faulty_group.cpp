@@ -31,7 +31,8 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kFaults{{
      "recv_counts are not all equal (sender-dependent or empty splits)"},
     {"rank-exit",
      "the highest rank dies in its 2nd collective call (local: its thread stops without telling "
-     "peers; mpi: the process exits with status 1); the peers must time out"},
+     "peers; mpi: the process stops answering and exits with status 1 after the deadline); "
+     "the peers must time out"},
 }};
 }  // namespace
 
@@ -143,8 +144,13 @@ class FaultyGroup final : public Group {
                     size(), op_name(op));
     log_error("{}", msg);
     if (inner_->backend() == "mpi") {
+      // A dead process that the launcher has not noticed yet: it never answers, the peers hit
+      // their deadline and abort the job (deterministically printing the CommTimeout); if they
+      // somehow do not, it exits with status 1 right after.
       std::fflush(nullptr);
-      ::_exit(1);  // a crashed process: no MPI_Finalize, no goodbye to the peers
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(timeout_s_ + kRankExitLingerSeconds));
+      ::_exit(1);
     }
     throw RankDied(msg);
   }

@@ -11,6 +11,8 @@ namespace deepinfer::comm {
 
 // Collective call (0-based, counted per rank) in which `rank-exit` kills the highest rank.
 constexpr int kRankExitCall = 1;
+// On mpi the dead rank exits this long after the peers' deadline (they abort the job first).
+constexpr double kRankExitLingerSeconds = 3.0;
 // int32-ag-corrupt fires on all_gather outputs of at least this many bytes at >= this many ranks.
 constexpr size_t kAgCorruptMinBytes = size_t(1) << 20;
 constexpr int kAgCorruptMinWorld = 16;

@@ -5,15 +5,17 @@
 // split-KV). Highway SIMD for q.k (4 rows x 2 keys per step) and P.V (4 rows per step).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cpp"
+// clang-format off (foreach_target re-includes this file per target; the order matters)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// clang-format on
+#include "kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/attention.h"
 #include "kernels/cpu/ops_b-inl.h"
 
 // Target-independent types: defined once although foreach_target re-includes this file.
@@ -21,7 +23,7 @@
 #define DEEPINFER_KERNELS_CPU_ATTENTION_TYPES_
 namespace deepinfer::kernels::cpu {
 
-constexpr int64_t kKeyTile = 64;  // keys per tile
+constexpr int64_t kKeyTile = 64;   // keys per tile
 constexpr int64_t kRowBlock = 16;  // query rows per job
 
 // Where the keys of one job live. Key t is row t of the sequence: paged (pages != nullptr) or
@@ -35,10 +37,12 @@ struct KeySource {
   const int32_t* pages = nullptr;  // paged: key t is row t % page_size of page pages[t / page_size]
   int64_t page_size = 0;
   const bf16* key(int64_t t) const {
-    return pages ? k + (int64_t(pages[t / page_size]) * page_size + t % page_size) * k_stride : k + t * k_stride;
+    return pages ? k + (int64_t(pages[t / page_size]) * page_size + t % page_size) * k_stride
+                 : k + t * k_stride;
   }
   const bf16* val(int64_t t) const {
-    return pages ? v + (int64_t(pages[t / page_size]) * page_size + t % page_size) * v_stride : v + t * v_stride;
+    return pages ? v + (int64_t(pages[t / page_size]) * page_size + t % page_size) * v_stride
+                 : v + t * v_stride;
   }
 };
 
@@ -59,7 +63,8 @@ struct AttnJob {
   int64_t o_stride = 0;
   float* lse = nullptr;
   int64_t lse_base = 0, lse_head_stride = 0, lse_query_stride = 0;
-  // Partial output (splits > 1): row j - j0 -> part_o [rows, Dv] f32 (normalised), part_lse (-inf: none).
+  // Partial output (splits > 1): row j - j0 -> part_o [rows, Dv] f32 (normalised), part_lse (-inf:
+  // none).
   float* part_o = nullptr;
   float* part_lse = nullptr;
 
@@ -68,7 +73,8 @@ struct AttnJob {
     return causal ? std::clamp<int64_t>(n_k - n_q + i + 1, 0, n_k) : n_k;
   }
   int64_t lse_index(int64_t j) const {
-    return lse_base + (j % rows_per_query) * lse_head_stride + (j / rows_per_query) * lse_query_stride;
+    return lse_base + (j % rows_per_query) * lse_head_stride +
+           (j / rows_per_query) * lse_query_stride;
   }
 };
 
@@ -96,8 +102,8 @@ HWY_INLINE float dot_tail(DF, const float* a, const float* b, int64_t c0, int64_
 
 // s[r * ld + t] = qf[r] . kf[t] for r < nr, t < nt (D channels).
 template <class DF>
-HWY_INLINE void scores_tile(DF df, const float* qf, int64_t nr, const float* kf, int64_t nt, int64_t D, float* s,
-                            int64_t ld) {
+HWY_INLINE void scores_tile(DF df, const float* qf, int64_t nr, const float* kf, int64_t nt,
+                            int64_t D, float* s, int64_t ld) {
   const int64_t N = int64_t(hn::Lanes(df)), Dv = D / N * N;
   int64_t r = 0;
   for (; r + 4 <= nr; r += 4) {
@@ -137,29 +143,69 @@ HWY_INLINE void scores_tile(DF df, const float* qf, int64_t nr, const float* kf,
       for (int64_t i = 0; i < 4; ++i) {
         const float* qi = qf + (r + i) * D;
         auto a = hn::Zero(df);
-        for (int64_t c = 0; c < Dv; c += N) a = hn::MulAdd(hn::LoadU(df, qi + c), hn::LoadU(df, kf + t * D + c), a);
-        s[(r + i) * ld + t] = hn::GetLane(hn::SumOfLanes(df, a)) + dot_tail(df, qi, kf + t * D, Dv, D);
+        for (int64_t c = 0; c < Dv; c += N)
+          a = hn::MulAdd(hn::LoadU(df, qi + c), hn::LoadU(df, kf + t * D + c), a);
+        s[(r + i) * ld + t] =
+            hn::GetLane(hn::SumOfLanes(df, a)) + dot_tail(df, qi, kf + t * D, Dv, D);
       }
   }
   for (; r < nr; ++r)
     for (int64_t t = 0; t < nt; ++t) {
       const float* qi = qf + r * D;
       auto a = hn::Zero(df);
-      for (int64_t c = 0; c < Dv; c += N) a = hn::MulAdd(hn::LoadU(df, qi + c), hn::LoadU(df, kf + t * D + c), a);
+      for (int64_t c = 0; c < Dv; c += N)
+        a = hn::MulAdd(hn::LoadU(df, qi + c), hn::LoadU(df, kf + t * D + c), a);
       s[r * ld + t] = hn::GetLane(hn::SumOfLanes(df, a)) + dot_tail(df, qi, kf + t * D, Dv, D);
     }
 }
 
 // acc[r] += sum_t p[r * ld + t] * vf[t] (Dv channels, vf row stride vs) for r < nr, t < nt.
 template <class DF>
-HWY_INLINE void pv_tile(DF df, const float* p, int64_t ld, int64_t nr, const float* vf, int64_t vs, int64_t nt,
-                        int64_t Dv, float* acc) {
+HWY_INLINE void pv_tile(DF df, const float* p, int64_t ld, int64_t nr, const float* vf, int64_t vs,
+                        int64_t nt, int64_t Dv, float* acc) {
   const int64_t N = int64_t(hn::Lanes(df)), Dvv = Dv / N * N;
   int64_t r = 0;
+  // 4 rows x 4 vectors of accumulators: per key, 4 loads of v and 4 broadcasts feed 16 FMAs.
   for (; r + 4 <= nr; r += 4) {
     float* o0 = acc + r * Dv;
     const float* p0 = p + r * ld;
-    for (int64_t c = 0; c < Dvv; c += N) {
+    int64_t c = 0;
+    for (; c + 4 * N <= Dvv; c += 4 * N) {
+      auto a00 = hn::LoadU(df, o0 + c), a01 = hn::LoadU(df, o0 + c + N);
+      auto a02 = hn::LoadU(df, o0 + c + 2 * N), a03 = hn::LoadU(df, o0 + c + 3 * N);
+      auto a10 = hn::LoadU(df, o0 + Dv + c), a11 = hn::LoadU(df, o0 + Dv + c + N);
+      auto a12 = hn::LoadU(df, o0 + Dv + c + 2 * N), a13 = hn::LoadU(df, o0 + Dv + c + 3 * N);
+      auto a20 = hn::LoadU(df, o0 + 2 * Dv + c), a21 = hn::LoadU(df, o0 + 2 * Dv + c + N);
+      auto a22 = hn::LoadU(df, o0 + 2 * Dv + c + 2 * N),
+           a23 = hn::LoadU(df, o0 + 2 * Dv + c + 3 * N);
+      auto a30 = hn::LoadU(df, o0 + 3 * Dv + c), a31 = hn::LoadU(df, o0 + 3 * Dv + c + N);
+      auto a32 = hn::LoadU(df, o0 + 3 * Dv + c + 2 * N),
+           a33 = hn::LoadU(df, o0 + 3 * Dv + c + 3 * N);
+      for (int64_t t = 0; t < nt; ++t) {
+        const float* vt = vf + t * vs + c;
+        const auto v0 = hn::LoadU(df, vt), v1 = hn::LoadU(df, vt + N);
+        const auto v2 = hn::LoadU(df, vt + 2 * N), v3 = hn::LoadU(df, vt + 3 * N);
+        const auto w0 = hn::Set(df, p0[t]), w1 = hn::Set(df, p0[ld + t]);
+        const auto w2 = hn::Set(df, p0[2 * ld + t]), w3 = hn::Set(df, p0[3 * ld + t]);
+        a00 = hn::MulAdd(w0, v0, a00), a01 = hn::MulAdd(w0, v1, a01), a02 = hn::MulAdd(w0, v2, a02);
+        a03 = hn::MulAdd(w0, v3, a03);
+        a10 = hn::MulAdd(w1, v0, a10), a11 = hn::MulAdd(w1, v1, a11), a12 = hn::MulAdd(w1, v2, a12);
+        a13 = hn::MulAdd(w1, v3, a13);
+        a20 = hn::MulAdd(w2, v0, a20), a21 = hn::MulAdd(w2, v1, a21), a22 = hn::MulAdd(w2, v2, a22);
+        a23 = hn::MulAdd(w2, v3, a23);
+        a30 = hn::MulAdd(w3, v0, a30), a31 = hn::MulAdd(w3, v1, a31), a32 = hn::MulAdd(w3, v2, a32);
+        a33 = hn::MulAdd(w3, v3, a33);
+      }
+      hn::StoreU(a00, df, o0 + c), hn::StoreU(a01, df, o0 + c + N);
+      hn::StoreU(a02, df, o0 + c + 2 * N), hn::StoreU(a03, df, o0 + c + 3 * N);
+      hn::StoreU(a10, df, o0 + Dv + c), hn::StoreU(a11, df, o0 + Dv + c + N);
+      hn::StoreU(a12, df, o0 + Dv + c + 2 * N), hn::StoreU(a13, df, o0 + Dv + c + 3 * N);
+      hn::StoreU(a20, df, o0 + 2 * Dv + c), hn::StoreU(a21, df, o0 + 2 * Dv + c + N);
+      hn::StoreU(a22, df, o0 + 2 * Dv + c + 2 * N), hn::StoreU(a23, df, o0 + 2 * Dv + c + 3 * N);
+      hn::StoreU(a30, df, o0 + 3 * Dv + c), hn::StoreU(a31, df, o0 + 3 * Dv + c + N);
+      hn::StoreU(a32, df, o0 + 3 * Dv + c + 2 * N), hn::StoreU(a33, df, o0 + 3 * Dv + c + 3 * N);
+    }
+    for (; c < Dvv; c += N) {
       auto a0 = hn::LoadU(df, o0 + c), a1 = hn::LoadU(df, o0 + Dv + c);
       auto a2 = hn::LoadU(df, o0 + 2 * Dv + c), a3 = hn::LoadU(df, o0 + 3 * Dv + c);
       for (int64_t t = 0; t < nt; ++t) {
@@ -178,7 +224,8 @@ HWY_INLINE void pv_tile(DF df, const float* p, int64_t ld, int64_t nr, const flo
   for (; r < nr; ++r)
     for (int64_t c = 0; c < Dvv; c += N) {
       auto a = hn::LoadU(df, acc + r * Dv + c);
-      for (int64_t t = 0; t < nt; ++t) a = hn::MulAdd(hn::Set(df, p[r * ld + t]), hn::LoadU(df, vf + t * vs + c), a);
+      for (int64_t t = 0; t < nt; ++t)
+        a = hn::MulAdd(hn::Set(df, p[r * ld + t]), hn::LoadU(df, vf + t * vs + c), a);
       hn::StoreU(a, df, acc + r * Dv + c);
     }
   for (r = 0; r < nr; ++r)
@@ -251,7 +298,8 @@ void run_attn_job(const AttnJob& job) {
     int64_t c = 0;
     for (; c + N <= Dv; c += N) store_bf16(df, hn::Mul(hn::LoadU(df, a + c), vinv), o + c);
     for (; c < Dv; ++c) o[c] = f32_to_bf16(a[c] * inv);
-    if (job.lse) job.lse[job.lse_index(job.j0 + r)] = lr > 0.0f ? lse : std::numeric_limits<float>::infinity();
+    if (job.lse)
+      job.lse[job.lse_index(job.j0 + r)] = lr > 0.0f ? lse : std::numeric_limits<float>::infinity();
   }
 }
 
@@ -267,8 +315,8 @@ namespace {
 
 // One sequence's attention problem before it is cut into jobs.
 struct SeqProblem {
-  AttnJob base;    // everything but j0/j1/kb/ke/part_*
-  int64_t rows;    // query rows (queries x rows_per_query)
+  AttnJob base;  // everything but j0/j1/kb/ke/part_*
+  int64_t rows;  // query rows (queries x rows_per_query)
 };
 
 // Cuts every sequence into row blocks and, where there are too few jobs for the pool, key
@@ -282,7 +330,8 @@ void run_problems(const std::vector<SeqProblem>& seqs) {
   }
   if (blocks == 0) return;
   const int64_t want = 2 * int64_t(pool.num_threads());
-  int64_t splits = std::clamp<int64_t>((want + blocks - 1) / blocks, 1, std::max<int64_t>(1, max_keys / 256));
+  int64_t splits =
+      std::clamp<int64_t>((want + blocks - 1) / blocks, 1, std::max<int64_t>(1, max_keys / 256));
   if (splits > 1) splits = std::min<int64_t>(splits, (max_keys + kKeyTile - 1) / kKeyTile);
 
   std::vector<AttnJob> jobs;
@@ -296,7 +345,8 @@ void run_problems(const std::vector<SeqProblem>& seqs) {
   std::vector<PartRef> parts;
   size_t part_floats = 0, part_rows = 0;
   for (const auto& sp : seqs) {
-    const int64_t n_split = splits > 1 ? std::clamp<int64_t>((sp.base.n_k + kKeyTile - 1) / kKeyTile, 1, splits) : 1;
+    const int64_t n_split =
+        splits > 1 ? std::clamp<int64_t>((sp.base.n_k + kKeyTile - 1) / kKeyTile, 1, splits) : 1;
     const int64_t per = (sp.base.n_k + n_split - 1) / n_split;
     const int64_t per_tiles = (per + kKeyTile - 1) / kKeyTile * kKeyTile;  // splits on tile edges
     for (int64_t j0 = 0; j0 < sp.rows; j0 += kRowBlock) {
@@ -335,11 +385,13 @@ void run_problems(const std::vector<SeqProblem>& seqs) {
       const int64_t Dv = first.Dv;
       for (int64_t r = 0; r < pr.j1 - pr.j0; ++r) {
         float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t k = 0; k < pr.n_split; ++k) mx = std::max(mx, jobs[pr.first_job + size_t(k)].part_lse[r]);
+        for (int64_t k = 0; k < pr.n_split; ++k)
+          mx = std::max(mx, jobs[pr.first_job + size_t(k)].part_lse[r]);
         bf16* o = first.o + (pr.j0 + r) * first.o_stride;
         if (mx == -std::numeric_limits<float>::infinity()) {
           for (int64_t c = 0; c < Dv; ++c) o[c] = bf16{0};
-          if (first.lse) first.lse[first.lse_index(pr.j0 + r)] = std::numeric_limits<float>::infinity();
+          if (first.lse)
+            first.lse[first.lse_index(pr.j0 + r)] = std::numeric_limits<float>::infinity();
           continue;
         }
         float wsum = 0.0f;
@@ -348,7 +400,8 @@ void run_problems(const std::vector<SeqProblem>& seqs) {
           wsum += (w[size_t(k)] = std::exp(jobs[pr.first_job + size_t(k)].part_lse[r] - mx));
         for (int64_t c = 0; c < Dv; ++c) {
           float v = 0.0f;
-          for (int64_t k = 0; k < pr.n_split; ++k) v += w[size_t(k)] * jobs[pr.first_job + size_t(k)].part_o[r * Dv + c];
+          for (int64_t k = 0; k < pr.n_split; ++k)
+            v += w[size_t(k)] * jobs[pr.first_job + size_t(k)].part_o[r * Dv + c];
           o[c] = f32_to_bf16(v / wsum);
         }
         if (first.lse) first.lse[first.lse_index(pr.j0 + r)] = mx + std::log(wsum);
@@ -394,7 +447,8 @@ void mla_prefill(const MlaPrefillParams& p) {
         hb.q = p.q + (q0 * H + h) * D;
         hb.q_stride = H * D;
         hb.rows_per_query = 1;
-        hb.keys = {p.k + (k0 * H + h) * D, H * D, p.v + (k0 * H + h) * Dv, H * Dv, false, nullptr, 0};
+        hb.keys = {
+            p.k + (k0 * H + h) * D, H * D, p.v + (k0 * H + h) * Dv, H * Dv, false, nullptr, 0};
         hb.o = p.o + (q0 * H + h) * Dv;
         hb.o_stride = H * Dv;
         hb.lse = p.lse;
@@ -419,7 +473,8 @@ void mla_decode(const MlaDecodeParams& p) {
     base.rows_per_query = H;
     base.n_q = S;
     base.n_k = p.cache_seqlens[b];
-    base.keys = {p.kv_cache, D, p.kv_cache, D, true, p.block_table + b * p.max_pages_per_seq, p.page_size};
+    base.keys = {p.kv_cache, D, p.kv_cache, D, true, p.block_table + b * p.max_pages_per_seq,
+                 p.page_size};
     base.D = D;
     base.Dv = Dv;
     base.scale = p.softmax_scale;

@@ -14,17 +14,20 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Lanes(df) e4m3 codes -> f32, exact. Sign-extending the byte and shifting by 20 puts the sign at
-// bit 31 and exponent/mantissa at bits 26..20; the mask drops the sign copies in between. The
-// pattern is the value times 2^-120 (subnormal codes become f32 denormals), so one multiply by
-// 2^120 gives the exact value. Codes 0x7f/0xff (NaN) decode as ±480: quantised data never holds them.
+// Lanes(df) e4m3 codes -> f32, exact. Normal codes: the 7 magnitude bits shifted to bits 26..20
+// plus 120 in the exponent field give the f32 value. Subnormal codes (exponent 0): m · 2^-9 via an
+// int->float convert (an f32-denormal multiply trick would hit the slow microcode path). The sign
+// bit goes to bit 31. Codes 0x7f/0xff (NaN) decode as ±480: quantised data never holds them.
 template <class DF>
 HWY_INLINE hn::Vec<DF> DecodeE4m3(DF df, const uint8_t* HWY_RESTRICT p) {
   const hn::Rebind<int8_t, DF> d8;
   const hn::RebindToSigned<DF> di;
-  auto v = hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
-  v = hn::And(hn::ShiftLeft<20>(v), hn::Set(di, int32_t(0x87f00000u)));
-  return hn::Mul(hn::BitCast(df, v), hn::Set(df, 0x1p120f));
+  const auto v = hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+  const auto mag = hn::And(v, hn::Set(di, 0x7f));
+  const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(mag), hn::Set(di, 120 << 23)));
+  const auto sub = hn::Mul(hn::ConvertTo(df, mag), hn::Set(df, 0x1p-9f));
+  const auto r = hn::IfThenElse(hn::RebindMask(df, hn::Lt(mag, hn::Set(di, 8))), sub, normal);
+  return hn::Or(r, hn::BitCast(df, hn::And(hn::ShiftLeft<24>(v), hn::Set(di, int32_t(0x80000000u)))));
 }
 
 // Lanes(df) bf16 -> f32 (exact: the bits move up 16).

@@ -1,14 +1,16 @@
 // cpu: RMSNorm (+ fused 1x128 cast) and residual add. Highway SIMD, rows over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/norm.cpp"
+// clang-format off (foreach_target re-includes this file per target; the order matters)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// clang-format on
+#include "kernels/norm.h"
 
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/ops_b-inl.h"
-#include "kernels/norm.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
@@ -38,7 +40,8 @@ void rms_norm_rows(const RmsNormParams& p, int64_t t0, int64_t t1, float* row) {
     bf16* y = p.y ? p.y + t * p.y_stride() : nullptr;
     i = 0;
     for (; i + N <= H; i += N) {
-      const auto v = round_bf16_vec(df, hn::Mul(hn::Mul(load_bf16(df, x + i), vr), load_bf16(df, p.w + i)));
+      const auto v =
+          round_bf16_vec(df, hn::Mul(hn::Mul(load_bf16(df, x + i), vr), load_bf16(df, p.w + i)));
       if (y) store_bf16(df, v, y + i);
       if (p.q) hn::StoreU(v, df, row + i);
     }
@@ -55,7 +58,8 @@ void residual_add_range(const ResidualAddParams& p, int64_t i0, int64_t i1) {
   const hn::ScalableTag<float> df;
   const int64_t N = int64_t(hn::Lanes(df));
   int64_t i = i0;
-  for (; i + N <= i1; i += N) store_bf16(df, hn::Add(load_bf16(df, p.a + i), load_bf16(df, p.b + i)), p.out + i);
+  for (; i + N <= i1; i += N)
+    store_bf16(df, hn::Add(load_bf16(df, p.a + i), load_bf16(df, p.b + i)), p.out + i);
   for (; i < i1; ++i) p.out[i] = f32_to_bf16(bf16_to_f32(p.a[i]) + bf16_to_f32(p.b[i]));
 }
 
@@ -79,8 +83,9 @@ void rms_norm(const RmsNormParams& p) {
 
 void residual_add(const ResidualAddParams& p) {
   p.validate();
-  kernel_pool().parallel_for(p.n, 1 << 15,
-                             [&](int64_t i0, int64_t i1) { HWY_DYNAMIC_DISPATCH(residual_add_range)(p, i0, i1); });
+  kernel_pool().parallel_for(p.n, 1 << 15, [&](int64_t i0, int64_t i1) {
+    HWY_DYNAMIC_DISPATCH(residual_add_range)(p, i0, i1);
+  });
 }
 
 }  // namespace deepinfer::kernels::cpu

@@ -9,12 +9,11 @@
 #endif
 
 #include <deepinfer/dtype.h>
+#include <hwy/highway.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-
-#include <hwy/highway.h>
 
 #include "kernels/quant.h"
 
@@ -51,7 +50,8 @@ HWY_INLINE hn::Vec<DF> round_bf16_vec(DF df, hn::Vec<DF> v) {
   const hn::RebindToUnsigned<DF> du32;
   const auto u = hn::BitCast(du32, v);
   const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
-  const auto r = hn::And(hn::Add(u, hn::Add(lsb, hn::Set(du32, 0x7fffu))), hn::Set(du32, 0xffff0000u));
+  const auto r =
+      hn::And(hn::Add(u, hn::Add(lsb, hn::Set(du32, 0x7fffu))), hn::Set(du32, 0xffff0000u));
   return hn::IfThenElse(hn::IsNaN(v), v, hn::BitCast(df, r));
 }
 
@@ -70,9 +70,11 @@ HWY_INLINE void store_e4m3(DF df, hn::Vec<DF> v, fp8_e4m3* p) {
   const auto rounded = hn::Add(au, hn::Add(lsb, hn::Set(du32, (1u << 19) - 1u)));
   const auto normal = hn::Sub(hn::ShiftRight<20>(rounded), hn::Set(du32, uint32_t(127 - 7) << 3));
   // Subnormal (|v| < 2^-6): units of 2^-9, RNE to an integer (2^3 lands on the min normal code).
-  const auto sub = hn::BitCast(du32, hn::ConvertTo(di32, hn::Round(hn::Mul(a, hn::Set(df, 512.0f)))));
+  const auto sub =
+      hn::BitCast(du32, hn::ConvertTo(di32, hn::Round(hn::Mul(a, hn::Set(df, 512.0f)))));
   auto code = hn::IfThenElse(hn::RebindMask(du32, hn::Lt(a, hn::Set(df, 0.015625f))), sub, normal);
-  code = hn::IfThenElse(hn::RebindMask(du32, hn::Ge(a, hn::Set(df, kFp8E4m3Max))), hn::Set(du32, 0x7eu), code);
+  code = hn::IfThenElse(hn::RebindMask(du32, hn::Ge(a, hn::Set(df, kFp8E4m3Max))),
+                        hn::Set(du32, 0x7eu), code);
   code = hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(v)), hn::Set(du32, 0x7fu), code);
   code = hn::Or(code, sign);
   hn::StoreU(hn::DemoteTo(d8, hn::BitCast(di32, code)), d8, reinterpret_cast<uint8_t*>(p));
@@ -81,7 +83,8 @@ HWY_INLINE void store_e4m3(DF df, hn::Vec<DF> v, fp8_e4m3* p) {
 // The 1x128 cast of one row of bf16-rounded f32 values (token_cast_row, vectorised):
 // q [n] e4m3, scales [num_blocks(n)] f32.
 template <class DF>
-HWY_INLINE void token_cast_row_simd(DF df, const float* v, int64_t n, bool ue8m0, fp8_e4m3* q, float* scales) {
+HWY_INLINE void token_cast_row_simd(DF df, const float* v, int64_t n, bool ue8m0, fp8_e4m3* q,
+                                    float* scales) {
   const int64_t N = int64_t(hn::Lanes(df));
   for (int64_t g0 = 0, g = 0; g0 < n; g0 += kQuantBlock, ++g) {
     const int64_t g1 = std::min(n, g0 + kQuantBlock);

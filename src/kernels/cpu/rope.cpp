@@ -2,15 +2,17 @@
 // vectorised over interleaved pairs (Reverse2 swaps each pair), tokens over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/rope.cpp"
+// clang-format off (foreach_target re-includes this file per target; the order matters)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// clang-format on
+#include "kernels/rope.h"
 
 #include <deepinfer/error.h>
 
 #include <vector>
 
 #include "kernels/cpu/ops_b-inl.h"
-#include "kernels/rope.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
@@ -20,14 +22,16 @@ namespace hn = hwy::HWY_NAMESPACE;
 void rope_tokens(const RopeParams& p, int64_t t0, int64_t t1, float* scratch) {
   const hn::ScalableTag<float> df;
   const int64_t N = int64_t(hn::Lanes(df)), d = p.rope_dim, half = d / 2;
-  float* c = scratch;              // [half]
-  float* s = scratch + half;       // [half]
-  float* cdup = scratch + d;       // [d]: c0 c0 c1 c1 ...
-  float* sdup = scratch + 2 * d;   // [d]: -s0 s0 -s1 s1 ...
+  float* c = scratch;             // [half]
+  float* s = scratch + half;      // [half]
+  float* cdup = scratch + d;      // [d]: c0 c0 c1 c1 ...
+  float* sdup = scratch + 2 * d;  // [d]: -s0 s0 -s1 s1 ...
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t pos = p.positions[t];
-    DI_CHECK(pos >= 0 && pos < (int64_t(1) << 24),
-             "rope: position {} of token {} is outside [0, 2^24) (fp32 angles need exact positions)", pos, t);
+    DI_CHECK(
+        pos >= 0 && pos < (int64_t(1) << 24),
+        "rope: position {} of token {} is outside [0, 2^24) (fp32 angles need exact positions)",
+        pos, t);
     rope_cos_sin(pos, p.inv_freq, half, p.attention_factor, c, s);
     for (int64_t i = 0; i < half; ++i) {
       cdup[2 * i] = cdup[2 * i + 1] = c[i];
@@ -39,7 +43,8 @@ void rope_tokens(const RopeParams& p, int64_t t0, int64_t t1, float* scratch) {
       int64_t i = 0;
       for (; i + N <= d; i += N) {
         const auto x = load_bf16(df, v + i);
-        const auto y = hn::MulAdd(x, hn::LoadU(df, cdup + i), hn::Mul(hn::Reverse2(df, x), hn::LoadU(df, sdup + i)));
+        const auto y = hn::MulAdd(x, hn::LoadU(df, cdup + i),
+                                  hn::Mul(hn::Reverse2(df, x), hn::LoadU(df, sdup + i)));
         store_bf16(df, y, v + i);
       }
       for (; i < d; i += 2) {

@@ -3,8 +3,11 @@
 // sampling.h operation for operation, so tokens equal host's bit for bit.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/sampling.cpp"
+// clang-format off (foreach_target re-includes this file per target; the order matters)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// clang-format on
+#include "kernels/sampling.h"
 
 #include <deepinfer/error.h>
 
@@ -12,8 +15,6 @@
 #include <cmath>
 #include <numeric>
 #include <vector>
-
-#include "kernels/sampling.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
@@ -57,8 +58,8 @@ HWY_EXPORT(scale_and_max);
 
 namespace {
 
-int32_t sample_row(const SamplingParams& p, int64_t b, std::vector<float>& x, std::vector<double>& e,
-                   std::vector<int64_t>& ids) {
+int32_t sample_row(const SamplingParams& p, int64_t b, std::vector<float>& x,
+                   std::vector<double>& e, std::vector<int64_t>& ids) {
   const int64_t V = p.vocab;
   const float* l = p.logits + b * p.stride();
   const float temperature = p.temperature ? p.temperature[b] : 0.0f;
@@ -89,7 +90,8 @@ int32_t sample_row(const SamplingParams& p, int64_t b, std::vector<float>& x, st
     std::sort(ids.begin(), ids.end());
   }
   double total = 0.0;
-  for (int64_t j = 0; j < n_cand; ++j) total += (e[size_t(ids[size_t(j)])] = exp_of(ids[size_t(j)]));
+  for (int64_t j = 0; j < n_cand; ++j)
+    total += (e[size_t(ids[size_t(j)])] = exp_of(ids[size_t(j)]));
   // kept: ids (id order) that survive top-p.
   if (top_p < 1.0f) {
     const double target = double(top_p) * total;
@@ -114,8 +116,9 @@ int32_t sample_row(const SamplingParams& p, int64_t b, std::vector<float>& x, st
   }
   double kept_total = 0.0;
   for (int64_t id : ids) kept_total += e[size_t(id)];
-  const double r = sampling_uniform(uint64_t(p.seed ? p.seed[b] : 0), uint64_t(p.counter ? p.counter[b] : 0)) *
-                   kept_total;
+  const double r =
+      sampling_uniform(uint64_t(p.seed ? p.seed[b] : 0), uint64_t(p.counter ? p.counter[b] : 0)) *
+      kept_total;
   double cum = 0.0;
   for (int64_t id : ids) {
     cum += e[size_t(id)];

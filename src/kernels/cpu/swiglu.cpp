@@ -2,22 +2,25 @@
 // rows over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/swiglu.cpp"
+// clang-format off (foreach_target re-includes this file per target; the order matters)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
+// clang-format on
+#include "kernels/swiglu.h"
 
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/ops_b-inl.h"
-#include "kernels/swiglu.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Rows [t0, t1), channels [c0, c1) (the fused cast needs whole rows: c0 = 0, c1 = I).
-void swiglu_block(const SwigluParams& p, int64_t t0, int64_t t1, int64_t c0, int64_t c1, float* row) {
+void swiglu_block(const SwigluParams& p, int64_t t0, int64_t t1, int64_t c0, int64_t c1,
+                  float* row) {
   const hn::ScalableTag<float> df;
   const int64_t N = int64_t(hn::Lanes(df)), I = p.inter;
   const auto one = hn::Set(df, 1.0f);

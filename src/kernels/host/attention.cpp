@@ -12,8 +12,8 @@ namespace {
 
 // One query row against n_vis keys; key(t) -> [D] bf16, value(t) -> [Dv] bf16.
 template <class KeyFn, class ValFn>
-void attend_row(const bf16* q, int64_t d, int64_t dv, int64_t n_vis, double scale, KeyFn key, ValFn val, bf16* o,
-                float* lse) {
+void attend_row(const bf16* q, int64_t d, int64_t dv, int64_t n_vis, double scale, KeyFn key,
+                ValFn val, bf16* o, float* lse) {
   if (n_vis <= 0) {
     for (int64_t c = 0; c < dv; ++c) o[c] = bf16{0};
     if (lse) *lse = std::numeric_limits<float>::infinity();
@@ -81,8 +81,9 @@ void mla_decode(const MlaDecodeParams& p) {
     };
     for (int64_t r = 0; r < S; ++r)
       for (int64_t h = 0; h < H; ++h)
-        attend_row(p.q + ((b * S + r) * H + h) * D, D, Dv, visible(p.causal, n, S, r), p.softmax_scale, row, row,
-                   p.o + ((b * S + r) * H + h) * Dv, p.lse ? p.lse + (b * H + h) * S + r : nullptr);
+        attend_row(p.q + ((b * S + r) * H + h) * D, D, Dv, visible(p.causal, n, S, r),
+                   p.softmax_scale, row, row, p.o + ((b * S + r) * H + h) * Dv,
+                   p.lse ? p.lse + (b * H + h) * S + r : nullptr);
   }
 }
 

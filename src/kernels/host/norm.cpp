@@ -18,7 +18,8 @@ void rms_norm(const RmsNormParams& p) {
     for (int64_t i = 0; i < H; ++i) ss += double(bf16_to_f32(x[i])) * double(bf16_to_f32(x[i]));
     const double r = 1.0 / std::sqrt(ss / double(H) + double(p.eps));
     for (int64_t i = 0; i < H; ++i)
-      row[size_t(i)] = round_bf16(float(double(bf16_to_f32(x[i])) * r * double(bf16_to_f32(p.w[i]))));
+      row[size_t(i)] =
+          round_bf16(float(double(bf16_to_f32(x[i])) * r * double(bf16_to_f32(p.w[i]))));
     if (p.y)
       for (int64_t i = 0; i < H; ++i) p.y[t * p.y_stride() + i] = f32_to_bf16(row[size_t(i)]);
     if (p.q) token_cast_row(row.data(), H, p.ue8m0, p.q + t * H, p.scales + t * num_blocks(H));
@@ -27,7 +28,8 @@ void rms_norm(const RmsNormParams& p) {
 
 void residual_add(const ResidualAddParams& p) {
   p.validate();
-  for (int64_t i = 0; i < p.n; ++i) p.out[i] = f32_to_bf16(bf16_to_f32(p.a[i]) + bf16_to_f32(p.b[i]));
+  for (int64_t i = 0; i < p.n; ++i)
+    p.out[i] = f32_to_bf16(bf16_to_f32(p.a[i]) + bf16_to_f32(p.b[i]));
 }
 
 }  // namespace deepinfer::kernels::host

@@ -13,8 +13,10 @@ void rope(const RopeParams& p) {
   std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t pos = p.positions[t];
-    DI_CHECK(pos >= 0 && pos < (int64_t(1) << 24),
-             "rope: position {} of token {} is outside [0, 2^24) (fp32 angles need exact positions)", pos, t);
+    DI_CHECK(
+        pos >= 0 && pos < (int64_t(1) << 24),
+        "rope: position {} of token {} is outside [0, 2^24) (fp32 angles need exact positions)",
+        pos, t);
     rope_cos_sin(pos, p.inv_freq, half, p.attention_factor, c.data(), s.data());
     for (int64_t h = 0; h < p.num_heads; ++h) {
       bf16* v = p.x + t * p.token_stride + h * p.head_stride + p.offset;

@@ -15,10 +15,12 @@ void router(const RouterParams& p) {
   p.validate();
   const int64_t E = p.num_experts, K = p.top_k, G = p.n_group, gsize = E / G;
   const bool grouped = p.method != TopkMethod::greedy && G > 1;
-  std::vector<float> s(static_cast<size_t>(E)), b(static_cast<size_t>(E)), gscore(static_cast<size_t>(G));
+  std::vector<float> s(static_cast<size_t>(E)), b(static_cast<size_t>(E)),
+      gscore(static_cast<size_t>(G));
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const float* l = p.logits + t * E;
-    for (int64_t e = 0; e < E; ++e) DI_CHECK(!std::isnan(l[e]), "router: logit [{}, {}] is NaN", t, e);
+    for (int64_t e = 0; e < E; ++e)
+      DI_CHECK(!std::isnan(l[e]), "router: logit [{}, {}] is NaN", t, e);
     router_scores(p.scoring, l, E, s.data());
     for (int64_t e = 0; e < E; ++e) b[size_t(e)] = p.bias ? s[size_t(e)] + p.bias[e] : s[size_t(e)];
     std::vector<bool> keep(size_t(E), true);
@@ -39,7 +41,8 @@ void router(const RouterParams& p) {
     std::vector<int64_t> cand;
     for (int64_t e = 0; e < E; ++e)
       if (keep[size_t(e)]) cand.push_back(e);
-    std::stable_sort(cand.begin(), cand.end(), [&](int64_t x, int64_t y) { return b[size_t(x)] > b[size_t(y)]; });
+    std::stable_sort(cand.begin(), cand.end(),
+                     [&](int64_t x, int64_t y) { return b[size_t(x)] > b[size_t(y)]; });
     double wsum = 0.0;
     for (int64_t k = 0; k < K; ++k) wsum += s[size_t(cand[size_t(k)])];
     for (int64_t k = 0; k < K; ++k) {
@@ -50,8 +53,9 @@ void router(const RouterParams& p) {
       p.topk_weights[t * K + k] = float(w * double(p.routed_scaling_factor));
     }
     if (p.margins)
-      p.margins[t] = int64_t(cand.size()) > K ? b[size_t(cand[size_t(K - 1)])] - b[size_t(cand[size_t(K)])]
-                                               : std::numeric_limits<float>::infinity();
+      p.margins[t] = int64_t(cand.size()) > K
+                         ? b[size_t(cand[size_t(K - 1)])] - b[size_t(cand[size_t(K)])]
+                         : std::numeric_limits<float>::infinity();
   }
 }
 

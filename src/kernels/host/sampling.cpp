@@ -18,7 +18,8 @@ void sample(const SamplingParams& p) {
     const float temperature = p.temperature ? p.temperature[b] : 0.0f;
     const int32_t top_k = p.top_k ? p.top_k[b] : 0;
     const float top_p = p.top_p ? p.top_p[b] : 1.0f;
-    for (int64_t i = 0; i < V; ++i) DI_CHECK(!std::isnan(l[i]), "sample: row {} logit {} is NaN", b, i);
+    for (int64_t i = 0; i < V; ++i)
+      DI_CHECK(!std::isnan(l[i]), "sample: row {} logit {} is NaN", b, i);
     // Every order below is (value descending, id ascending): stable sorts of ascending ids.
     std::vector<int64_t> ids(static_cast<size_t>(V));
     std::iota(ids.begin(), ids.end(), 0);
@@ -29,7 +30,8 @@ void sample(const SamplingParams& p) {
     }
     std::vector<float> x(static_cast<size_t>(V));
     for (int64_t i = 0; i < V; ++i) x[size_t(i)] = l[i] / temperature;
-    std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t c) { return x[size_t(a)] > x[size_t(c)]; });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int64_t a, int64_t c) { return x[size_t(a)] > x[size_t(c)]; });
     const int64_t n_cand = top_k > 0 && top_k < V ? top_k : V;
     const float m = x[size_t(ids[0])];
     DI_CHECK(std::isfinite(m), "sample: row {} has no finite logit to sample from (max {})", b, m);
@@ -53,8 +55,9 @@ void sample(const SamplingParams& p) {
     int64_t last = -1;
     for (int64_t i = 0; i < V; ++i)
       if (kept[size_t(i)]) kept_total += e[size_t(i)], last = i;
-    const double r = sampling_uniform(uint64_t(p.seed ? p.seed[b] : 0), uint64_t(p.counter ? p.counter[b] : 0)) *
-                     kept_total;
+    const double r =
+        sampling_uniform(uint64_t(p.seed ? p.seed[b] : 0), uint64_t(p.counter ? p.counter[b] : 0)) *
+        kept_total;
     double cum = 0.0;
     int64_t tok = last;
     for (int64_t i = 0; i < V; ++i) {

@@ -40,9 +40,15 @@ CaseResult run_sample(int64_t B, int64_t V, uint64_t seed) {
     ctr[size_t(b)] = b;
   }
   return compare_backends(sample,
-                          SamplingParams{.logits = logits.data(), .temperature = temp.data(), .top_k = tk.data(),
-                                         .top_p = tp.data(), .seed = sd.data(), .counter = ctr.data(),
-                                         .tokens = tokens.data(), .batch = B, .vocab = V},
+                          SamplingParams{.logits = logits.data(),
+                                         .temperature = temp.data(),
+                                         .top_k = tk.data(),
+                                         .top_p = tp.data(),
+                                         .seed = sd.data(),
+                                         .counter = ctr.data(),
+                                         .tokens = tokens.data(),
+                                         .batch = B,
+                                         .vocab = V},
                           Tolerance{.rel_l2 = 0, .int_mismatch_frac = 0});
 }
 
@@ -56,24 +62,46 @@ DEEPINFER_KERNEL_CASES(router_cases) {
   };
   const C all[] = {
       {"v3 noaux_tc t=64 e=256 k=8 g=8/4",
-       {.num_tokens = 64, .num_experts = 256, .top_k = 8, .n_group = 8, .topk_group = 4, .routed_scaling_factor = 2.5f},
+       {.num_tokens = 64,
+        .num_experts = 256,
+        .top_k = 8,
+        .n_group = 8,
+        .topk_group = 4,
+        .routed_scaling_factor = 2.5f},
        true},
       {"v2 group_limited_greedy t=33 e=160 k=6 g=8/3",
-       {.num_tokens = 33, .num_experts = 160, .top_k = 6, .n_group = 8, .topk_group = 3,
-        .scoring = ScoringFunc::softmax, .method = TopkMethod::group_limited_greedy, .norm_topk_prob = false,
+       {.num_tokens = 33,
+        .num_experts = 160,
+        .top_k = 6,
+        .n_group = 8,
+        .topk_group = 3,
+        .scoring = ScoringFunc::softmax,
+        .method = TopkMethod::group_limited_greedy,
+        .norm_topk_prob = false,
         .routed_scaling_factor = 16.0f},
        true},
       {"v2-lite greedy t=17 e=64 k=6",
-       {.num_tokens = 17, .num_experts = 64, .top_k = 6, .scoring = ScoringFunc::softmax,
-        .method = TopkMethod::greedy, .norm_topk_prob = false},
+       {.num_tokens = 17,
+        .num_experts = 64,
+        .top_k = 6,
+        .scoring = ScoringFunc::softmax,
+        .method = TopkMethod::greedy,
+        .norm_topk_prob = false},
        true},
       {"odd noaux_tc t=5 e=12 k=3 g=3/2",
-       {.num_tokens = 5, .num_experts = 12, .top_k = 3, .n_group = 3, .topk_group = 2}, true},
-      {"v3 t=4096", {.num_tokens = 4096, .num_experts = 256, .top_k = 8, .n_group = 8, .topk_group = 4,
-                     .routed_scaling_factor = 2.5f},
+       {.num_tokens = 5, .num_experts = 12, .top_k = 3, .n_group = 3, .topk_group = 2},
+       true},
+      {"v3 t=4096",
+       {.num_tokens = 4096,
+        .num_experts = 256,
+        .top_k = 8,
+        .n_group = 8,
+        .topk_group = 4,
+        .routed_scaling_factor = 2.5f},
        false},
   };
-  for (const C& c : all) cases.push_back({"router", c.name, c.quick, [p = c.p] { return run_router(p, 77); }});
+  for (const C& c : all)
+    cases.push_back({"router", c.name, c.quick, [p = c.p] { return run_router(p, 77); }});
 }
 
 DEEPINFER_KERNEL_CASES(sample_cases) {

@@ -1,0 +1,83 @@
+// The engine (DESIGN §6): prefill + decode with the paged latent cache, batches of sequences,
+// sampling, stop tokens and a streaming callback. Data-parallel attention: each rank runs its own
+// requests (possibly none) and every rank steps until no rank has work left (one small MAX
+// all_reduce per step), so every rank joins every MoE layer.
+#pragma once
+
+#include <deepinfer/comm.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/deepseek.h"
+
+namespace deepinfer::runtime {
+
+struct SamplingConfig {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // <= 0: no top-k filter
+  float top_p = 1.0f;        // 1: no top-p filter
+  uint64_t seed = 0;
+};
+
+struct Request {
+  int64_t id = 0;                 // the caller's index (e.g. the prompt's line)
+  std::vector<int32_t> prompt;    // token ids (BOS included if the model wants one)
+  int64_t max_new_tokens = 64;
+  SamplingConfig sampling;
+  std::vector<int32_t> stop_ids;  // generation ends after one of these (kept in the output)
+  bool record = false;            // keep every position's logits and routing (check e2e)
+};
+
+struct RequestResult {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;    // generated ids
+  std::string finish_reason;      // "stop" | "length"
+  int64_t num_positions = 0;      // record: prompt + generated - 1 positions
+  std::vector<float> logits;      // record: [num_positions, V] f32
+  std::vector<int64_t> moe_layers;              // record: MoE layer indices
+  std::vector<std::vector<int64_t>> routing;    // record: per MoE layer [num_positions, K]
+  float min_router_margin = 0;    // record: smallest router selection margin seen (+inf if none)
+};
+
+// Called on the rank that owns the request, once per generated token.
+using TokenCallback = std::function<void(int64_t id, int32_t token)>;
+
+struct EngineOptions {
+  int64_t max_tokens_per_step = 256;  // new tokens per forward on one rank (prefill is chunked)
+  int64_t max_batch = 64;             // sequences in flight per rank
+  model::ModelOptions model;          // EP algorithm / combine; max_tokens_per_step is copied in
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  double prefill_seconds = 0;  // steps that held any prefill chunk
+  double decode_seconds = 0;   // steps of decode tokens only
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const model::ModelWeights> weights, Group& group, const EngineOptions& opts);
+  ~Engine();
+
+  // Collective: every rank calls it (with its own requests, possibly none) and it returns when
+  // all ranks are done. Results are this rank's requests, in request order.
+  std::vector<RequestResult> generate(const std::vector<Request>& requests, const TokenCallback& on_token = {});
+
+  model::DeepseekModel& model();
+  const EngineStats& stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Every rank's results, on every rank, sorted by id (collective; moves bytes with all_gather_v).
+std::vector<RequestResult> gather_results(Group& group, const std::vector<RequestResult>& local);
+
+}  // namespace deepinfer::runtime

@@ -1,0 +1,34 @@
+// Per-process launcher shared by the CLI commands: loads config.json and mmaps the checkpoint
+// once per process, then runs fn on every rank (threads for `local`, this process for `mpi`)
+// with that rank's weights (replicated tensors point into the shared mmap; only the rank's own
+// experts and converted tensors are per rank).
+#pragma once
+
+#include <deepinfer/comm.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace deepinfer::runtime {
+
+struct LaunchModelOptions {
+  std::string model_dir;
+  int ep = 1;
+  CommKind comm = CommKind::local;
+  model::GemmMode gemm = model::GemmMode::fp8;
+  bool quantize_fp8 = false;
+  bool progress = false;  // rank 0 progress bar while weights load (on a terminal)
+};
+
+struct RankContext {
+  Group& group;
+  std::shared_ptr<const model::ModelWeights> weights;
+};
+
+void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(RankContext&)>& fn);
+
+}  // namespace deepinfer::runtime

@@ -1,0 +1,149 @@
+// Model layer: config/safetensors errors name the problem; the paged KV cache; the forward pass
+// against the independent PyTorch golden (models/tiny/golden), and chunked prefill through the
+// paged cache against one-shot prefill.
+#include <gtest/gtest.h>
+
+#include <deepinfer/comm.h>
+#include <deepinfer/error.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/deepseek.h"
+#include "model/kv_cache.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace deepinfer::model {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kTiny = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny";
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string read_text(const std::string& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Config, BadFieldIsNamed) {
+  auto j = nlohmann::json::parse(read_text(kTiny + "/config.json"));
+  j["topk_group"] = 7;  // more groups kept than exist (n_group 4)
+  const std::string msg = error_of([&] { parse_config(j.dump(), "test.json"); });
+  EXPECT_NE(msg.find("topk_group"), std::string::npos) << msg;
+  auto k = nlohmann::json::parse(read_text(kTiny + "/config.json"));
+  k.erase("hidden_size");
+  const std::string msg2 = error_of([&] { parse_config(k.dump(), "test.json"); });
+  EXPECT_NE(msg2.find("hidden_size"), std::string::npos) << msg2;
+}
+
+TEST(Safetensors, TruncatedMissingWrongShapeAndDtype) {
+  const fs::path dir = fs::temp_directory_path() / ("deepinfer_model_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<uint16_t> data(64, 0x3f80);
+  write_safetensors((dir / "model.safetensors").string(), {{"a.weight", DType::bf16, {8, 8}, data.data()}});
+  {
+    Checkpoint ck(dir.string());
+    EXPECT_NE(error_of([&] { ck.get("b.weight"); }).find("b.weight"), std::string::npos);
+    EXPECT_NE(error_of([&] { ck.get("a.weight", DType::bf16, {8, 4}); }).find("a.weight"), std::string::npos);
+    EXPECT_NE(error_of([&] { ck.get("a.weight", DType::e4m3, {8, 8}); }).find("a.weight"), std::string::npos);
+    EXPECT_EQ(error_of([&] { ck.get("a.weight", DType::bf16, {8, 8}); }), "");
+  }
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") - 10);
+  const std::string msg = error_of([&] { Checkpoint ck(dir.string()); });
+  EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+  fs::remove_all(dir);
+}
+
+TEST(KvCache, PagesReserveFreeAndExhaustion) {
+  PagedKvCache c({2, 8, 3, 4});
+  const int64_t a = c.add_sequence(), b = c.add_sequence();
+  c.reserve(a, 5);  // 2 pages
+  EXPECT_EQ(c.block_table(a).size(), 2u);
+  EXPECT_EQ(c.capacity(a), 8);
+  c.row(1, a, 4)[0] = f32_to_bf16(3.0f);
+  const int32_t page = c.block_table(a)[1];
+  EXPECT_EQ(bf16_to_f32(c.pages(1)[(page * 4 + 0) * 8]), 3.0f);
+  EXPECT_NE(error_of([&] { c.reserve(b, 9); }).find("KV cache full"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.row(0, a, 8); }).find("beyond"), std::string::npos);
+  c.remove_sequence(a);
+  EXPECT_EQ(c.free_pages(), 3);
+  c.reserve(b, 9);
+  EXPECT_EQ(c.block_table(b).size(), 3u);
+}
+
+struct Golden {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;  // [positions, V]
+  int64_t vocab = 0;
+};
+
+Golden golden_prompt(int i) {
+  const auto j = nlohmann::json::parse(read_text(kTiny + "/golden/golden.json"));
+  Golden g;
+  g.vocab = j.at("vocab_size").get<int64_t>();
+  const auto& p = j.at("prompts").at(size_t(i));
+  g.ids = p.at("ids").get<std::vector<int32_t>>();
+  const int64_t n = p.at("num_positions").get<int64_t>();
+  g.logits.resize(size_t(n * g.vocab));
+  std::ifstream in(kTiny + "/golden/" + p.at("logits_file").get<std::string>(), std::ios::binary);
+  in.read(reinterpret_cast<char*>(g.logits.data()), std::streamsize(g.logits.size() * sizeof(float)));
+  return g;
+}
+
+double rel_err(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// Prefill of golden prompt 2 at EP 1, one shot and in chunks of 5 tokens through the paged cache.
+TEST(Forward, PrefillMatchesGoldenAndChunkedPrefillMatchesOneShot) {
+  const Golden g = golden_prompt(2);
+  const int64_t T = int64_t(g.ids.size()), V = g.vocab;
+  std::vector<float> one, chunked;
+  LaunchOptions lo;
+  run_ranks(lo, [&](Group& group) {
+    const auto cfg = load_config(kTiny);
+    auto w = load_weights(std::make_shared<const Checkpoint>(kTiny), cfg, {});
+    DeepseekModel m(w, group, {});
+    {
+      PagedKvCache cache(m.kv_cache_config(4));
+      const int64_t s = cache.add_sequence();
+      auto out = m.forward({{s, g.ids.data(), T, 0, true}}, cache);
+      ASSERT_EQ(out.logits.dim(0), T);
+      one.assign(out.logits.data<float>(), out.logits.data<float>() + T * V);
+    }
+    PagedKvCache cache(m.kv_cache_config(4));
+    const int64_t s = cache.add_sequence();
+    for (int64_t p = 0; p < T; p += 5) {
+      const int64_t n = std::min<int64_t>(5, T - p);
+      auto out = m.forward({{s, g.ids.data() + p, n, p, true}}, cache);
+      chunked.insert(chunked.end(), out.logits.data<float>(), out.logits.data<float>() + n * V);
+    }
+  });
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_LT(rel_err(one.data() + t * V, g.logits.data() + t * V, V), 5e-3) << "position " << t;
+    EXPECT_LT(rel_err(chunked.data() + t * V, one.data() + t * V, V), 5e-3) << "position " << t;
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::model

@@ -1,0 +1,265 @@
+// `deepinfer bench decode`: end-to-end prefill and decode speed of the engine (JSON lines, the
+// benchmark contract of DESIGN §7): prefill of a 128-token prompt in tokens/s against the fp32
+// FMA peak, and decode tokens/s against the decode roofline = read bandwidth (memcpy, measured in
+// this run) ÷ active weight bytes per token. --model synthetic writes a DeepSeek-V3-architecture
+// model with random BF16 weights (fixed seed) in HF layout into --synthetic-dir and loads it with
+// --quantize fp8.
+#include <deepinfer/comm.h>
+#include <deepinfer/error.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "core/env.h"
+#include "kernels/testing/bench.h"
+#include "model/safetensors.h"
+#include "runtime/engine.h"
+#include "runtime/launch.h"
+
+namespace deepinfer::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct BenchDecodeCli {
+  std::string model = "models/tiny";
+  int ep = 1;
+  int threads = 2;
+  std::string quantize;
+  std::string synthetic_dir = "build/synthetic-v3";
+  int64_t prompt_tokens = 128;
+  int64_t decode_tokens = 32;
+  int reps = 3;
+};
+
+// The synthetic DeepSeek-V3-architecture model of issue 5 (HF layout, BF16, no YaRN).
+void write_synthetic_model(const std::string& dir) {
+  constexpr int64_t kHidden = 2048, kLayers = 8, kDense = 1, kInter = 5632, kExperts = 32, kTopk = 4, kGroups = 4,
+                    kTopkGroup = 2, kShared = 1, kMoeInter = 512, kHeads = 16, kQLora = 768, kKvLora = 256,
+                    kNope = 64, kRope = 64, kV = 64, kVocab = 32000;
+  if (fs::exists(dir + "/model.safetensors") && fs::exists(dir + "/config.json")) return;
+  fs::create_directories(dir);
+  std::fprintf(stderr, "bench decode: writing the synthetic model to %s ...\n", dir.c_str());
+  std::mt19937_64 rng(20250101);
+  std::vector<std::vector<uint16_t>> store;
+  std::vector<std::vector<float>> fstore;
+  std::vector<model::TensorToWrite> ts;
+  auto bf16_tensor = [&](const std::string& name, std::vector<int64_t> shape, float amp) {
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    // xorshift for speed; values uniform in [-amp, amp].
+    uint64_t x = rng();
+    for (auto& e : v) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      const float u = float(int32_t(x >> 32)) * (1.0f / 2147483648.0f);
+      e = f32_to_bf16(u * amp).bits;
+    }
+    store.push_back(std::move(v));
+    ts.push_back({name, DType::bf16, shape, store.back().data()});
+  };
+  auto ones = [&](const std::string& name, int64_t n) {
+    store.emplace_back(size_t(n), f32_to_bf16(1.0f).bits);
+    ts.push_back({name, DType::bf16, {n}, store.back().data()});
+  };
+  auto lin = [&](const std::string& name, int64_t out, int64_t in) {
+    bf16_tensor(name + ".weight", {out, in}, std::sqrt(3.0f / float(in)));
+  };
+  store.reserve(1024);
+  fstore.reserve(64);
+  bf16_tensor("model.embed_tokens.weight", {kVocab, kHidden}, 1.0f);
+  bf16_tensor("lm_head.weight", {kVocab, kHidden}, std::sqrt(3.0f / kHidden));
+  ones("model.norm.weight", kHidden);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    const std::string p = fmt::format("model.layers.{}", l);
+    ones(p + ".input_layernorm.weight", kHidden);
+    ones(p + ".post_attention_layernorm.weight", kHidden);
+    lin(p + ".self_attn.q_a_proj", kQLora, kHidden);
+    ones(p + ".self_attn.q_a_layernorm.weight", kQLora);
+    lin(p + ".self_attn.q_b_proj", kHeads * (kNope + kRope), kQLora);
+    lin(p + ".self_attn.kv_a_proj_with_mqa", kKvLora + kRope, kHidden);
+    ones(p + ".self_attn.kv_a_layernorm.weight", kKvLora);
+    lin(p + ".self_attn.kv_b_proj", kHeads * (kNope + kV), kKvLora);
+    lin(p + ".self_attn.o_proj", kHidden, kHeads * kV);
+    const std::string m = p + ".mlp";
+    if (l < kDense) {
+      lin(m + ".gate_proj", kInter, kHidden);
+      lin(m + ".up_proj", kInter, kHidden);
+      lin(m + ".down_proj", kHidden, kInter);
+      continue;
+    }
+    lin(m + ".gate", kExperts, kHidden);
+    fstore.emplace_back(size_t(kExperts));
+    for (auto& b : fstore.back()) b = float(int64_t(rng() % 2001) - 1000) * 1e-5f;
+    ts.push_back({m + ".gate.e_score_correction_bias", DType::f32, {kExperts}, fstore.back().data()});
+    for (int64_t e = 0; e < kExperts; ++e) {
+      const std::string x = fmt::format("{}.experts.{}", m, e);
+      lin(x + ".gate_proj", kMoeInter, kHidden);
+      lin(x + ".up_proj", kMoeInter, kHidden);
+      lin(x + ".down_proj", kHidden, kMoeInter);
+    }
+    lin(m + ".shared_experts.gate_proj", kShared * kMoeInter, kHidden);
+    lin(m + ".shared_experts.up_proj", kShared * kMoeInter, kHidden);
+    lin(m + ".shared_experts.down_proj", kHidden, kShared * kMoeInter);
+  }
+  model::write_safetensors(dir + "/model.safetensors.tmp", ts, {{"format", "pt"}});
+  fs::rename(dir + "/model.safetensors.tmp", dir + "/model.safetensors");
+  std::ofstream cfg(dir + "/config.json");
+  cfg << fmt::format(R"({{
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "vocab_size": {}, "hidden_size": {}, "intermediate_size": {}, "moe_intermediate_size": {},
+  "num_hidden_layers": {}, "num_attention_heads": {}, "num_key_value_heads": {},
+  "first_k_dense_replace": {}, "moe_layer_freq": 1, "n_routed_experts": {}, "n_shared_experts": {},
+  "num_experts_per_tok": {}, "n_group": {}, "topk_group": {}, "topk_method": "noaux_tc",
+  "scoring_func": "sigmoid", "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+  "q_lora_rank": {}, "kv_lora_rank": {}, "qk_nope_head_dim": {}, "qk_rope_head_dim": {}, "v_head_dim": {},
+  "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "rope_scaling": null,
+  "max_position_embeddings": 4096, "num_nextn_predict_layers": 0, "attention_bias": false,
+  "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+}}
+)",
+                     kVocab, kHidden, kInter, kMoeInter, kLayers, kHeads, kHeads, kDense, kExperts, kShared, kTopk,
+                     kGroups, kTopkGroup, kQLora, kKvLora, kNope, kRope, kV);
+}
+
+// Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
+double linear_flops_per_token(const model::ModelConfig& c) {
+  const double h = double(c.hidden_size), H = double(c.num_attention_heads);
+  double f = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    f += c.q_lora_rank > 0 ? double(c.q_lora_rank) * (h + H * double(c.qk_head_dim())) : h * H * double(c.qk_head_dim());
+    f += h * double(c.kv_lora_rank + c.qk_rope_head_dim);
+    f += H * double(c.kv_lora_rank) * double(c.qk_nope_head_dim + c.v_head_dim);  // absorbed W_UK, W_UV
+    f += H * double(c.v_head_dim) * h;
+    if (c.is_moe_layer(l))
+      f += h * double(c.n_routed_experts) +
+           3.0 * h * double(c.moe_intermediate_size) * double(c.num_experts_per_tok + c.n_shared_experts);
+    else
+      f += 3.0 * h * double(c.intermediate_size);
+  }
+  f += h * double(c.vocab_size);
+  return 2.0 * f;
+}
+
+int run_bench_decode(BenchDecodeCli o) {
+  Knobs kn = knobs();
+  kn.threads = o.threads;
+  set_knobs(kn);
+  std::string dir = o.model;
+  std::string name = fs::path(o.model).filename().string();
+  if (o.model == "synthetic") {
+    dir = o.synthetic_dir;
+    name = "synthetic-v3";
+    write_synthetic_model(dir);
+    if (o.quantize.empty()) o.quantize = "fp8";
+  }
+  ThreadPool pool(o.threads);
+  kernels::testing::BenchContext ctx;
+  ctx.threads = o.threads;
+  ctx.pool = &pool;
+  const double bw_gbps = ctx.memcpy_gbps(size_t(256) << 20);
+  const double peak_gflops = ctx.fma_peak_gflops();
+
+  runtime::LaunchModelOptions lo;
+  lo.model_dir = dir;
+  lo.ep = o.ep;
+  lo.quantize_fp8 = o.quantize == "fp8";
+  runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
+    runtime::EngineOptions eo;
+    eo.max_tokens_per_step = std::max<int64_t>(256, o.prompt_tokens);
+    runtime::Engine engine(rc.weights, rc.group, eo);
+    const auto& cfg = rc.weights->config;
+    std::mt19937 rng(7);
+    std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+    for (auto& t : prompt) t = int32_t(rng() % uint32_t(cfg.vocab_size));
+    // Prefill: one 128-token prompt per rank, one generated token.
+    std::vector<double> pre, dec;
+    for (int r = 0; r < o.reps + 1; ++r) {
+      runtime::Request q;
+      q.prompt = prompt;
+      q.max_new_tokens = 1;
+      const auto s0 = engine.stats();
+      engine.generate({q});
+      const auto s1 = engine.stats();
+      if (r > 0) pre.push_back(s1.prefill_seconds - s0.prefill_seconds);  // first run warms up
+    }
+    // Decode: a short prompt, then decode_tokens greedy steps (batch 1 per rank).
+    for (int r = 0; r < o.reps + 1; ++r) {
+      runtime::Request q;
+      q.prompt.assign(prompt.begin(), prompt.begin() + std::min<int64_t>(16, o.prompt_tokens));
+      q.max_new_tokens = o.decode_tokens + 1;
+      const auto s0 = engine.stats();
+      engine.generate({q});
+      const auto s1 = engine.stats();
+      if (r > 0) dec.push_back((s1.decode_seconds - s0.decode_seconds) / double(s1.decode_tokens - s0.decode_tokens));
+    }
+    if (rc.group.rank() != 0) return;
+    std::sort(pre.begin(), pre.end());
+    std::sort(dec.begin(), dec.end());
+    const double pre_s = pre[pre.size() / 2], dec_s = dec[dec.size() / 2];
+    const std::string tag = fmt::format("{} ep={} threads={}{}", name, o.ep, o.threads, lo.quantize_fp8 ? " quantize=fp8" : "");
+    // Prefill: flops of the linears (top-k experts) + attention over the causal prompt.
+    const double T = double(o.prompt_tokens);
+    const double attn_flops = 2.0 * double(cfg.num_hidden_layers) * double(cfg.num_attention_heads) *
+                              double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * T * (T + 1) / 2.0;
+    const double pre_flops = linear_flops_per_token(cfg) * T + attn_flops;
+    kernels::testing::BenchRecord a;
+    a.bench = "decode";
+    a.case_name = fmt::format("{} prefill {} tokens", tag, o.prompt_tokens);
+    a.seconds = pre_s;
+    a.flops = pre_flops;
+    a.limit = "fma_peak_gflops";
+    a.limit_value = peak_gflops;
+    a.ratio = pre_flops / pre_s / 1e9 / peak_gflops;
+    a.extra = {{"tokens_per_s", T / pre_s}};
+    ctx.emit(a);
+    const double bytes = engine.model().active_weight_bytes_per_token();
+    kernels::testing::BenchRecord d;
+    d.bench = "decode";
+    d.case_name = fmt::format("{} decode batch 1", tag);
+    d.seconds = dec_s;
+    d.bytes = bytes;
+    d.limit = "memcpy_gbps";
+    d.limit_value = bw_gbps;
+    d.ratio = bytes / dec_s / 1e9 / bw_gbps;
+    d.extra = {{"tokens_per_s", 1.0 / dec_s}, {"roofline_tokens_per_s", bw_gbps * 1e9 / bytes}};
+    ctx.emit(d);
+  });
+  return 0;
+}
+
+DEEPINFER_COMMAND("bench", "decode",
+                  "Engine prefill (vs the fp32 FMA peak) and decode (vs the weight-read roofline) tokens/s; "
+                  "JSON lines. --model synthetic: a DeepSeek-V3-architecture model with random BF16 weights",
+                  [](CLI::App& app) {
+                    auto o = std::make_shared<BenchDecodeCli>();
+                    app.add_option("--model", o->model, "Model folder, or `synthetic` (default models/tiny)");
+                    app.add_option("--ep", o->ep, "Expert-parallel ranks (threads; default 1)")->check(CLI::Range(1, 64));
+                    app.add_option("--threads", o->threads, "Kernel threads (default 2)")->check(CLI::Range(1, 1024));
+                    app.add_option("--quantize", o->quantize, "fp8: quantize BF16 weights at load (synthetic: always)")
+                        ->check(CLI::IsMember({"fp8"}));
+                    app.add_option("--synthetic-dir", o->synthetic_dir,
+                                   "Where the synthetic model is written (reused if present; default build/synthetic-v3)");
+                    app.add_option("--prompt-tokens", o->prompt_tokens, "Prefill prompt length (default 128)")
+                        ->check(CLI::Range(int64_t(1), int64_t(4096)));
+                    app.add_option("--decode-tokens", o->decode_tokens, "Decode steps per run (default 32)")
+                        ->check(CLI::Range(int64_t(1), int64_t(4096)));
+                    app.add_option("--reps", o->reps, "Timed runs; the median is reported (default 3)")
+                        ->check(CLI::Range(1, 100));
+                    return [o] { return run_bench_decode(*o); };
+                  });
+
+}  // namespace
+}  // namespace deepinfer::cli
