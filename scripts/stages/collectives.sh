@@ -86,6 +86,14 @@ check "fault rank-exit mpi 4" fail \
   'rank 3 of 4 dies in the middle of' -- \
   "${MPIRUN[@]}" -np 4 "$DEEPINFER" check collectives --comm mpi --quick --fault rank-exit --timeout "$HANG_TIMEOUT"
 
+# The mpi backend's own closed-form and failure-probe tests (tests/comm, ctest label `mpi`).
+if ctest --test-dir "${BUILD_DIR:-build}" -L mpi --output-on-failure >"$LOGS/ctest_mpi.log" 2>&1; then
+  echo "PASS ctest -L mpi: $(grep -a 'tests passed' "$LOGS/ctest_mpi.log" | tail -1)"
+else
+  echo "FAIL ctest -L mpi (log: $LOGS/ctest_mpi.log)"
+  failed=1
+fi
+
 caps_line() { tr -d ' \n' <"$1" 2>/dev/null; }
 if [[ $(caps_line "$caps_ok") == *'"all_to_all":true'*'"all_to_all_v":true'* ]] &&
    [[ $(caps_line "$caps_bad") == *'"all_to_all":true'*'"all_to_all_v":false'* ]]; then

@@ -38,4 +38,7 @@ run "fault int32-ag-corrupt mpi 16" fail \
   "${MPIRUN[@]}" -np 16 "$DEEPINFER" check collectives --comm mpi --quick --fault int32-ag-corrupt --timeout "$TIMEOUT_S"
 run "local world 64 --full" pass "" -- \
   "$DEEPINFER" check collectives --comm local --world 64 --full --timeout "$TIMEOUT_S"
+# EPBuffer at 64 ranks over mpi, and the > 2 GiB message tests of the mpi backend.
+if bash scripts/stages/large_ep.sh; then echo "PASS large_ep"; else echo "FAIL large_ep"; failed=1; fi
+if ctest --test-dir "${BUILD_DIR:-build}" -L large --output-on-failure; then echo "PASS ctest -L large"; else echo "FAIL ctest -L large"; failed=1; fi
 exit $failed
