@@ -1,5 +1,7 @@
 #include "kernels/diff/diff_recorder.h"
 
+#include "core/element.h"
+
 #include <deepinfer/error.h>
 
 #include <fmt/format.h>
@@ -14,25 +16,6 @@ namespace deepinfer::kernels::diff {
 namespace {
 
 thread_local int t_rank = 0;
-
-bool is_float(DType d) {
-  return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::e4m3 || d == DType::e5m2;
-}
-
-double load(DType d, const void* p, int64_t i) {
-  switch (d) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<const double*>(p)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const bf16*>(p)[i]);
-    case DType::e4m3: return e4m3_to_f32(static_cast<const fp8_e4m3*>(p)[i]);
-    case DType::e5m2: return e5m2_to_f32(static_cast<const fp8_e5m2*>(p)[i]);
-    case DType::i8: return static_cast<const int8_t*>(p)[i];
-    case DType::u8: return static_cast<const uint8_t*>(p)[i];
-    case DType::i32: return static_cast<const int32_t*>(p)[i];
-    case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
-  }
-  DI_FAIL("diff: unknown dtype {}", int(d));
-}
 
 // A byte-oriented writer/reader for the EP merge (host byte order: ranks share one machine type).
 struct Writer {
@@ -85,7 +68,7 @@ std::string fmt_sci(double v) { return std::isfinite(v) ? fmt::format("{:.3e}", 
 }  // namespace
 
 double tolerance_for(std::string_view op, DType dtype, const DiffTolerance& tol) {
-  if (!is_float(dtype)) return 0;
+  if (!dtype_is_float(dtype)) return 0;
   if (op.starts_with("mla_")) return tol.attention;
   switch (dtype) {
     case DType::bf16: return tol.bf16;
@@ -98,9 +81,9 @@ double tolerance_for(std::string_view op, DType dtype, const DiffTolerance& tol)
 BufferDiff compare_buffer(DType dtype, const void* a, const void* b, int64_t numel, double tol) {
   BufferDiff d;
   d.numel = numel;
-  if (!is_float(dtype)) {
+  if (!dtype_is_float(dtype)) {
     for (int64_t i = 0; i < numel; ++i) {
-      const double x = load(dtype, a, i), y = load(dtype, b, i);
+      const double x = load_as_double(dtype, a, i), y = load_as_double(dtype, b, i);
       if (x != y) {
         ++d.over_tol;
         d.max_abs = std::max(d.max_abs, std::fabs(x - y));
@@ -113,7 +96,7 @@ BufferDiff compare_buffer(DType dtype, const void* a, const void* b, int64_t num
   double diff2 = 0, ref2 = 0;
   int64_t finite = 0;
   for (int64_t i = 0; i < numel; ++i) {
-    const double x = load(dtype, a, i), y = load(dtype, b, i);
+    const double x = load_as_double(dtype, a, i), y = load_as_double(dtype, b, i);
     if (std::isnan(x)) ++d.nan_a;
     if (!std::isfinite(x) || !std::isfinite(y)) {
       if (!(x == y)) ++d.nonfinite;  // NaN never equals; matching infinities do
@@ -130,7 +113,7 @@ BufferDiff compare_buffer(DType dtype, const void* a, const void* b, int64_t num
   // elements from counting as huge relative errors).
   const double rms = finite ? std::sqrt(ref2 / double(finite)) : 0.0;
   for (int64_t i = 0; i < numel; ++i) {
-    const double x = load(dtype, a, i), y = load(dtype, b, i);
+    const double x = load_as_double(dtype, a, i), y = load_as_double(dtype, b, i);
     if (!std::isfinite(x) || !std::isfinite(y)) continue;
     if (std::fabs(x - y) > tol * std::max(std::fabs(y), rms)) ++d.over_tol;
   }

@@ -1,5 +1,7 @@
 #include "kernels/testing/harness.h"
 
+#include "core/element.h"
+
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -17,25 +19,6 @@ struct CaseSource {
 std::vector<CaseSource>& case_sources() {
   static std::vector<CaseSource> s;
   return s;
-}
-
-bool is_float(DType t) {
-  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::e4m3 || t == DType::e5m2;
-}
-
-double load(DType t, const void* p, int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<const double*>(p)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const bf16*>(p)[i]);
-    case DType::e4m3: return e4m3_to_f32(static_cast<const fp8_e4m3*>(p)[i]);
-    case DType::e5m2: return e5m2_to_f32(static_cast<const fp8_e5m2*>(p)[i]);
-    case DType::i8: return static_cast<const int8_t*>(p)[i];
-    case DType::u8: return static_cast<const uint8_t*>(p)[i];
-    case DType::i32: return static_cast<const int32_t*>(p)[i];
-    case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
-  }
-  return 0;
 }
 
 bool same_bits(DType t, const void* a, const void* b, int64_t i) {
@@ -66,7 +49,7 @@ void poison(DType dtype, void* data, int64_t numel) {
 CaseResult compare_buffers(const char* name, DType dtype, const void* a, const void* b, int64_t numel,
                            const Tolerance& tol) {
   CaseResult r;
-  if (!is_float(dtype)) {
+  if (!dtype_is_float(dtype)) {
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < numel; ++i)
       if (!same_bits(dtype, a, b, i)) {
@@ -78,14 +61,14 @@ CaseResult compare_buffers(const char* name, DType dtype, const void* a, const v
     if (bad > 0 && frac > tol.int_mismatch_frac) {
       r.pass = false;
       r.detail = fmt::format("{}: {} of {} elements differ (allowed fraction {}), first at [{}]: {} vs host {}",
-                             name, bad, numel, tol.int_mismatch_frac, first, load(dtype, a, first),
-                             load(dtype, b, first));
+                             name, bad, numel, tol.int_mismatch_frac, first, load_as_double(dtype, a, first),
+                             load_as_double(dtype, b, first));
     }
     return r;
   }
   double diff2 = 0, ref2 = 0;
   for (int64_t i = 0; i < numel; ++i) {
-    const double x = load(dtype, a, i), y = load(dtype, b, i);
+    const double x = load_as_double(dtype, a, i), y = load_as_double(dtype, b, i);
     if (std::isnan(x) || std::isnan(y)) {
       r.pass = false;
       r.detail = fmt::format("{}: NaN at [{}] ({} vs host {}): unwritten (poisoned) or invalid", name, i, x, y);
@@ -115,12 +98,12 @@ CaseResult compare_buffers(const char* name, DType dtype, const void* a, const v
     int64_t worst = 0;
     double wd = -1;
     for (int64_t i = 0; i < numel; ++i) {
-      const double d = std::fabs(load(dtype, a, i) - load(dtype, b, i));
+      const double d = std::fabs(load_as_double(dtype, a, i) - load_as_double(dtype, b, i));
       if (d > wd) wd = d, worst = i;
     }
     r.pass = false;
     r.detail = fmt::format("{}: ‖a−b‖/‖b‖ = {:.3e} > tolerance {:.1e}; worst [{}]: {} vs host {}", name,
-                           r.max_rel_err, tol.rel_l2, worst, load(dtype, a, worst), load(dtype, b, worst));
+                           r.max_rel_err, tol.rel_l2, worst, load_as_double(dtype, a, worst), load_as_double(dtype, b, worst));
   }
   return r;
 }
