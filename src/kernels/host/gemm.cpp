@@ -1,6 +1,7 @@
-// Reference GEMMs: scalar loops that spell out DESIGN §2. For each output element and each
-// 128-wide K block, the exact e4m3 products are summed in fp32 in K order, then scaled by
-// s_a·s_w and added to an fp32 accumulator; the output is rounded once.
+// Reference GEMMs: scalar loops that spell out DESIGN §2 as tools/reference/NUMERICS.md pins it.
+// For each output element and each 128-wide K block, the exact e4m3 products are summed exactly
+// (float64 holds the sum of 128 of them without error) and rounded once to fp32; then
+// acc = acc + P·(s_a·s_w) in fp32, the scale product first; the output is rounded once.
 #include <algorithm>
 #include <vector>
 
@@ -30,9 +31,11 @@ void fp8_rows(const fp8_e4m3* a, const float* a_scales, const fp8_e4m3* w, const
       float acc = 0.0f;
       for (int64_t kb = 0; kb < kb_count; ++kb) {
         const int64_t k0 = kb * kQuantBlock, k1 = std::min(k, k0 + kQuantBlock);
-        float partial = 0.0f;
-        for (int64_t kk = k0; kk < k1; ++kk) partial += ar[kk] * wf[size_t(kk)];  // products exact
-        acc += partial * a_scales[r * kb_count + kb] * sw[kb];
+        double exact = 0.0;
+        for (int64_t kk = k0; kk < k1; ++kk) exact += double(ar[kk]) * double(wf[size_t(kk)]);
+        const float partial = float(exact);
+        const float scale = a_scales[r * kb_count + kb] * sw[kb];
+        acc += partial * scale;
       }
       store(out, out_f32, r * n + j, acc);
     }
@@ -77,9 +80,11 @@ void gemm_bf16(const GemmBf16Params& p) {
   for (int64_t j = 0; j < p.n; ++j) {
     for (int64_t kk = 0; kk < p.k; ++kk) wf[size_t(kk)] = bf16_to_f32(p.w[j * p.k + kk]);
     for (int64_t r = 0; r < p.m; ++r) {
-      float acc = 0.0f;
-      for (int64_t kk = 0; kk < p.k; ++kk) acc += bf16_to_f32(p.a[r * p.k + kk]) * wf[size_t(kk)];
-      store(p.out, p.out_f32, r * p.n + j, acc);
+      // bf16×bf16 products are exact in double; the dot product is summed in double and rounded
+      // once to fp32, as the PyTorch reference does (tools/reference/NUMERICS.md, bf16 mode).
+      double acc = 0.0;
+      for (int64_t kk = 0; kk < p.k; ++kk) acc += double(bf16_to_f32(p.a[r * p.k + kk])) * double(wf[size_t(kk)]);
+      store(p.out, p.out_f32, r * p.n + j, float(acc));
     }
   }
 }
