@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config libopenmpi-dev openmpi-bin
-  nlohmann-json3-dev libcli11-dev libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libhwy-dev libgtest-dev libgmock-dev
   libpcre2-dev libopenblas-dev libfmt-dev libicu-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
