@@ -16,6 +16,11 @@
 
 namespace deepinfer {
 
+namespace detail {
+// 64-byte aligned storage of at least `bytes`; large blocks are cached for reuse (host_memory.cpp).
+std::shared_ptr<std::byte> host_alloc(size_t bytes);
+}  // namespace detail
+
 class Tensor {
  public:
   Tensor() = default;
@@ -27,11 +32,7 @@ class Tensor {
     t.dtype_ = dtype;
     t.shape_ = std::move(shape);
     t.strides_ = contiguous_strides(t.shape_);
-    const size_t bytes = std::max<size_t>(t.numel() * dtype_size(dtype), 1);
-    const size_t padded = (bytes + 63) / 64 * 64;
-    std::shared_ptr<std::byte> storage(static_cast<std::byte*>(std::aligned_alloc(64, padded)),
-                                       [](std::byte* p) { std::free(p); });
-    DI_CHECK(storage, "out of memory allocating {} bytes", padded);
+    std::shared_ptr<std::byte> storage = detail::host_alloc(t.numel() * dtype_size(dtype));
     t.data_ = storage.get();
     t.storage_ = std::move(storage);
     return t;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+
 #include <mutex>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "ep/allgather/ag.h"
 #include "ep/alltoall/a2a.h"
 #include "ep/handle.h"
+#include "ep/row_math.h"
 #include "ep/sizing.h"
 #include "ep/validate.h"
 
@@ -40,14 +42,22 @@ struct PackSource {
   const int64_t* idx;   // [T, K]
 };
 
+// Every byte is written once (fields, then the alignment gaps as zeros): no memset of the whole
+// record first, which would double the stores of this copy-bound loop.
 void pack_record(const RecordLayout& rl, const PackSource& s, int p, int k, int64_t t,
                  std::byte* dst, bool with_token) {
-  std::memset(dst, 0, rl.bytes);
+  auto zero = [&](size_t from, size_t to) {
+    if (to > from) std::memset(dst + from, 0, to - from);
+  };
   std::memcpy(dst, s.x + size_t(t) * rl.x_bytes, rl.x_bytes);
+  zero(rl.x_bytes, rl.off_scales);
   if (rl.scale_bytes) std::memcpy(dst + rl.off_scales, s.scales + t * p, rl.scale_bytes);
+  zero(rl.off_scales + rl.scale_bytes, rl.off_weights);
   std::memcpy(dst + rl.off_weights, s.weights + t * k, size_t(k) * 4);
+  zero(rl.off_weights + size_t(k) * 4, rl.off_idx);
   std::memcpy(dst + rl.off_idx, s.idx + t * k, size_t(k) * 8);
   if (with_token) std::memcpy(dst + rl.off_token, &t, 8);
+  zero(rl.off_token + (with_token ? 8 : 0), rl.bytes);
 }
 
 // Padding row of the ag all_gather: no expert selects it.
@@ -69,6 +79,8 @@ struct EPBuffer::Impl {
   // Reused across calls (sized by ep_size_hint, grown on demand).
   std::vector<std::byte> send_buf, recv_buf, comb_send, comb_recv;
   std::vector<float> red_send, red_recv, acc;
+  std::vector<int> part_count;
+  std::vector<const uint16_t*> part_ptr;
   std::vector<int64_t> selected;
   std::vector<const std::byte*> slot_ptr;
   ep::a2a::Scratch scratch;
@@ -353,17 +365,19 @@ struct EPBuffer::Impl {
     return y + size_t(row) * size_t(cfg.hidden);
   }
 
-  // partial[h] = canon(bf16(Σ_local w_k·y_k[h])) in slot order (fast mode).
-  void local_partial(const HandleData& h, const uint16_t* y, int64_t i, float* dst) const {
-    const int k = cfg.num_topk, hd = cfg.hidden;
-    std::fill_n(dst, hd, 0.0f);
+  // partial[h] = canon(bf16(Σ_local w_k·y_k[h])) in slot order (fast mode), as bf16 bits and/or
+  // their f32 values.
+  void local_partial(const HandleData& h, const uint16_t* y, int64_t i, uint16_t* bits, float* f32) const {
+    const int k = cfg.num_topk;
+    std::array<float, 64> w;
+    std::array<const uint16_t*, 64> rows;
+    int m = 0;
     for (int j = 0; j < k; ++j) {
       if (h.recv_local_idx[size_t(i * k + j)] < 0) continue;
-      const float w = h.recv_weights[size_t(i * k + j)];
-      const uint16_t* yr = y_row(h, y, i, j);
-      for (int c = 0; c < hd; ++c) dst[c] += w * bf16_to_f32(bf16{yr[c]});
+      w[size_t(m)] = h.recv_weights[size_t(i * k + j)];
+      rows[size_t(m++)] = y_row(h, y, i, j);
     }
-    for (int c = 0; c < hd; ++c) dst[c] = canon(round_bf16(dst[c]));
+    ep::rows::weighted_sum(w.data(), rows.data(), m, size_t(cfg.hidden), true, bits, f32);
   }
 
   CombineOutput combine(const Tensor& y, const Handle& handle) {
@@ -404,13 +418,11 @@ struct EPBuffer::Impl {
         if (exact) {
           for (int j = 0; j < k; ++j) {
             if (h.recv_local_idx[size_t(i * k + j)] < 0) continue;
-            const float w = h.recv_weights[size_t(i * k + j)];
-            const uint16_t* yr = y_row(h, y, i, j);
-            float* dst = base + size_t(j) * size_t(hd);
-            for (int c = 0; c < hd; ++c) dst[c] = canon(w * bf16_to_f32(bf16{yr[c]}));
+            ep::rows::scale_bf16(h.recv_weights[size_t(i * k + j)], y_row(h, y, i, j),
+                                 base + size_t(j) * size_t(hd), size_t(hd));
           }
         } else {
-          local_partial(h, y, i, base);
+          local_partial(h, y, i, nullptr, base);
         }
         for (int j = 0; j < k; ++j)
           if (h.recv_local_idx[size_t(i * k + j)] >= 0)
@@ -423,14 +435,11 @@ struct EPBuffer::Impl {
         const float* row = own + size_t(t - begin) * cols;
         if (exact) {
           std::fill_n(acc.data(), hd, 0.0f);
-          for (int j = 0; j < k; ++j) {
-            if (own_idx[t * k + j] < 0) continue;
-            const float* pj = row + size_t(j) * size_t(hd);
-            for (int c = 0; c < hd; ++c) acc[size_t(c)] += pj[c];
-          }
-          for (int c = 0; c < hd; ++c) ox[t * hd + c] = f32_to_bf16(acc[size_t(c)]).bits;
+          for (int j = 0; j < k; ++j)
+            if (own_idx[t * k + j] >= 0) ep::rows::add_f32(row + size_t(j) * size_t(hd), acc.data(), size_t(hd));
+          ep::rows::to_bf16(acc.data(), ox + t * hd, size_t(hd));
         } else {
-          for (int c = 0; c < hd; ++c) ox[t * hd + c] = f32_to_bf16(row[c]).bits;
+          ep::rows::to_bf16(row, ox + t * hd, size_t(hd));
         }
         for (int j = 0; j < k; ++j)
           ow[t * k + j] = own_idx[t * k + j] < 0 ? 0.0f : row[cols - size_t(k) + size_t(j)];
@@ -477,7 +486,6 @@ struct EPBuffer::Impl {
     for (int r = 0; r < world; ++r) n_send += sc[size_t(r)], n_recv += rc[size_t(r)];
     if (comb_send.size() < size_t(n_send) * rec) comb_send.resize(size_t(n_send) * rec);
     if (comb_recv.size() < size_t(n_recv) * rec) comb_recv.resize(size_t(n_recv) * rec);
-    std::memset(comb_send.data(), 0, size_t(n_send) * rec);
     std::byte* sp = comb_send.data();
     if (acc.size() < size_t(hd)) acc.resize(size_t(hd));
     for (int64_t i = 0; i < h.num_recv; ++i) {  // rows are grouped by source rank, ascending
@@ -486,7 +494,9 @@ struct EPBuffer::Impl {
           if (h.recv_local_idx[size_t(i * k + j)] < 0) continue;
           const float w = canon(h.recv_weights[size_t(i * k + j)]);
           std::memcpy(sp, &w, 4);
+          std::memset(sp + 4, 0, 4);
           std::memcpy(sp + 8, y_row(h, y, i, j), size_t(hd) * 2);
+          if (rec > 8 + size_t(hd) * 2) std::memset(sp + 8 + size_t(hd) * 2, 0, rec - 8 - size_t(hd) * 2);
           sp += rec;
         }
       } else {
@@ -494,9 +504,9 @@ struct EPBuffer::Impl {
           const float w = h.recv_local_idx[size_t(i * k + j)] >= 0 ? canon(h.recv_weights[size_t(i * k + j)]) : 0.0f;
           std::memcpy(sp + size_t(j) * 4, &w, 4);
         }
-        local_partial(h, y, i, acc.data());
-        auto* dst = reinterpret_cast<uint16_t*>(sp + size_t(k) * 4);
-        for (int c = 0; c < hd; ++c) dst[c] = f32_to_bf16(acc[size_t(c)]).bits;
+        local_partial(h, y, i, reinterpret_cast<uint16_t*>(sp + size_t(k) * 4), nullptr);
+        const size_t used = size_t(k) * 4 + size_t(hd) * 2;
+        if (rec > used) std::memset(sp + used, 0, rec - used);
         sp += rec;
       }
     }
@@ -517,33 +527,39 @@ struct EPBuffer::Impl {
               rp += rec;
             }
         }
+      std::array<float, 64> w;
+      std::array<const uint16_t*, 64> ys;
       for (int64_t t = 0; t < h.num_tokens; ++t) {
-        std::fill_n(acc.data(), hd, 0.0f);
+        int m = 0;
         for (int j = 0; j < k; ++j) {
           const std::byte* r = slot_ptr[size_t(t * k + j)];
           if (!r) continue;
-          float w;
-          std::memcpy(&w, r, 4);
-          const auto* yr = reinterpret_cast<const uint16_t*>(r + 8);
-          for (int c = 0; c < hd; ++c) acc[size_t(c)] += canon(w * bf16_to_f32(bf16{yr[c]}));
-          ow[t * k + j] = w;
+          std::memcpy(&w[size_t(m)], r, 4);
+          ys[size_t(m++)] = reinterpret_cast<const uint16_t*>(r + 8);
+          ow[t * k + j] = w[size_t(m - 1)];
         }
-        for (int c = 0; c < hd; ++c) ox[t * hd + c] = f32_to_bf16(acc[size_t(c)]).bits;
+        // Σ canon(w·y) from +0: canon of an addend changes nothing (x + -0 == x, and a
+        // round-to-nearest sum is -0 only when both addends are), so the plain sum is exact.
+        ep::rows::weighted_sum(w.data(), ys.data(), m, size_t(hd), false, ox + t * hd, nullptr);
       }
     } else {
-      // Partials summed in ascending rank order: rank r's records come before rank r+1's.
-      std::vector<float> tok_acc(size_t(h.num_tokens) * size_t(hd), 0.0f);
+      // Partials summed in ascending rank order: rank r's records come before rank r+1's, so
+      // listing them per token while walking the ranks in order keeps that order.
+      const size_t per = size_t(std::min(world, k));  // a token's partials: one per rank it went to
+      part_ptr.assign(size_t(h.num_tokens) * per, nullptr);
+      part_count.assign(size_t(h.num_tokens), 0);
       for (int r = 0; r < world; ++r)
         for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q, rp += rec) {
           const int64_t t = h.send_tokens[size_t(q)];
-          const auto* part = reinterpret_cast<const uint16_t*>(rp + size_t(k) * 4);
-          float* a = tok_acc.data() + size_t(t) * size_t(hd);
-          for (int c = 0; c < hd; ++c) a[c] += bf16_to_f32(bf16{part[c]});
+          part_ptr[size_t(t) * per + size_t(part_count[size_t(t)]++)] =
+              reinterpret_cast<const uint16_t*>(rp + size_t(k) * 4);
           for (int j = 0; j < k; ++j)
             if (own_idx[t * k + j] >= 0 && own_idx[t * k + j] / local_experts == r)
               std::memcpy(&ow[t * k + j], rp + size_t(j) * 4, 4);
         }
-      for (size_t i = 0; i < tok_acc.size(); ++i) ox[i] = f32_to_bf16(tok_acc[i]).bits;
+      for (int64_t t = 0; t < h.num_tokens; ++t)
+        ep::rows::weighted_sum(nullptr, part_ptr.data() + size_t(t) * per,
+                               part_count[size_t(t)], size_t(hd), false, ox + t * hd, nullptr);
     }
   }
 };

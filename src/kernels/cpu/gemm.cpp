@@ -21,23 +21,7 @@
 #include "kernels/cpu/fp8_simd-inl.h"
 #include "kernels/gemm.h"
 
-#ifndef DEEPINFER_CPU_GEMM_ONCE
-#define DEEPINFER_CPU_GEMM_ONCE
-namespace deepinfer::kernels::cpu {
-// One GEMM on one weight matrix, in the element type of W/A (fp8 or bf16).
-struct GemmArgs {
-  const void* a;            // [m, k] e4m3 or bf16
-  const float* a_scales;    // [m, kb] or null (bf16: unit scales)
-  const void* w;            // [n, k]
-  const float* w_scales;    // [nb, kb] or null
-  bf16* out;                // [m, n] or null
-  float* out_f32;           // [m, n] or null
-  int64_t m, n, k;
-  bool bf16_inputs;
-};
-constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
-}  // namespace deepinfer::kernels::cpu
-#endif
+#include "kernels/cpu/gemm_args.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
@@ -254,6 +238,7 @@ void LargeM(const GemmArgs& g) {
 
 void Gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
+  if (g.m <= kSmallM && gemm_fp8_small_m_bf16dot(g)) return;
   if (g.k == 0) {
     for (int64_t r = 0; r < g.m; ++r)
       for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);

@@ -1,0 +1,23 @@
+// Row arithmetic of combine: element-wise, in the order DESIGN §4 pins. Each function is built
+// for several CPUs (function multiversioning) so the loops vectorise; products and sums stay
+// separate operations (no FMA contraction in ep/), so every version gives the scalar bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deepinfer::ep::rows {
+
+// s[c] = ((0 + w[0]·y[0][c]) + w[1]·y[1][c]) + ... in f32 (w null: unit weights, the products
+// are then exact), rounded to bf16 (nearest even); canon: -0 -> +0 after rounding. One pass over
+// the m rows, written as bf16 bits (out_bits) and/or as their f32 values (out_f32).
+void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n, bool canon, uint16_t* out_bits,
+                  float* out_f32);
+// dst[c] = canon(w · y[c])  (-0 -> +0)
+void scale_bf16(float w, const uint16_t* y, float* dst, size_t n);
+// acc[c] += src[c]
+void add_f32(const float* src, float* acc, size_t n);
+// dst[c] = bf16(src[c]), round to nearest even
+void to_bf16(const float* src, uint16_t* dst, size_t n);
+
+}  // namespace deepinfer::ep::rows
