@@ -238,7 +238,7 @@ void LargeM(const GemmArgs& g) {
 
 void Gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
-  if (g.m <= kSmallM && gemm_fp8_small_m_bf16dot(g)) return;
+  if (g.m <= kSmallM && gemm_fp8_small_m_vbmi(g)) return;
   if (g.k == 0) {
     for (int64_t r = 0; r < g.m; ++r)
       for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);

@@ -19,8 +19,10 @@ struct GemmArgs {
 };
 constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
 
-// fp8 decode GEMM (m <= kSmallM) on CPUs with AVX512-VBMI and AVX512-BF16 (Zen 4+, Sapphire
-// Rapids+): returns false, doing nothing, where the CPU or the shape (k % 128) does not fit.
-bool gemm_fp8_small_m_bf16dot(const GemmArgs& g);
+// fp8 decode GEMM (m <= kSmallM) on CPUs with AVX512-VBMI (Ice Lake+, Zen 4+): returns false,
+// doing nothing, where the CPU or the shape (k % 128) does not fit.
+bool gemm_fp8_small_m_vbmi(const GemmArgs& g);
+// Off: the generic Highway kernel serves decode shapes too (the harness checks both paths).
+void set_gemm_vbmi_enabled(bool on);
 
 }  // namespace deepinfer::kernels::cpu

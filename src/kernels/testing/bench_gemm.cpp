@@ -1,7 +1,8 @@
 // `deepinfer bench kernels` sub-benches for the fp8 casts and GEMMs. Each record carries the
 // ratio to a limit measured in the same run and a correctness check against host:
 //  - gemm_fp8_decode (M = 1..8, K = 7168, N = 2048 / 7168): weight GB/s vs memcpy GB/s on a
-//    buffer of the weight's size (memory-bound; goal >= 0.6).
+//    buffer of the weight's size (goal >= 0.6), and roofline_ratio: the time the slower of that
+//    bandwidth and the fp32 FMA peak allows over the time taken (M = 8 is compute-bound here).
 //  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
 //    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
 //  - quant_per_token: bytes moved vs memcpy.
@@ -70,9 +71,14 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       const double s = ctx.time([&] { gemm_fp8(p); }, 9, 0.3);
       const CaseResult c = check_against_host(a, w, m, n, k, out, m, 512);
       failures += c.pass ? 0 : 1;
+      // At M = 4..8 on few cores the multiply-adds, not the weight stream, bound the time: the
+      // roofline is the slower of memcpy on the weight bytes and the fp32 FMA peak on 2·M·N·K.
+      const double flops = 2.0 * double(m * n * k);
+      const double roof_s = std::max(wbytes / (limit * 1e9), flops / (ctx.fma_peak_gflops() * 1e9));
       BenchRecord r{.bench = "gemm_fp8_decode", .case_name = fmt::format("m={} n={} k={}", m, n, k), .seconds = s,
-                    .bytes = wbytes, .limit = "memcpy_gbps", .limit_value = limit,
-                    .ratio = wbytes / s / 1e9 / limit, .correct = c.pass, .rel_err = c.max_rel_err, .extra = {}};
+                    .bytes = wbytes, .flops = flops, .limit = "memcpy_gbps", .limit_value = limit,
+                    .ratio = wbytes / s / 1e9 / limit, .correct = c.pass, .rel_err = c.max_rel_err,
+                    .extra = {{"fma_peak_gflops", ctx.fma_peak_gflops()}, {"roofline_ratio", roof_s / s}}};
       ctx.emit(r);
     }
   }
