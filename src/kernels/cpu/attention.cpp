@@ -8,6 +8,7 @@
 // clang-format off (foreach_target re-includes this file per target; the order matters)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
 // clang-format on
 #include "kernels/attention.h"
 
@@ -240,11 +241,18 @@ void run_attn_job(const AttnJob& job) {
   const hn::ScalableTag<float> df;
   const int64_t D = job.D, Dv = job.Dv, R = job.j1 - job.j0;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float> qf(static_cast<size_t>(R * D)), kf(static_cast<size_t>(kKeyTile * D));
-  std::vector<float> vf(job.keys.shared_kv ? 0 : static_cast<size_t>(kKeyTile * Dv));
-  std::vector<float> s(static_cast<size_t>(R * kKeyTile)), acc(static_cast<size_t>(R * Dv), 0.0f);
-  std::vector<float> m(static_cast<size_t>(R), neg_inf), l(static_cast<size_t>(R), 0.0f);
-  std::vector<int64_t> vis(static_cast<size_t>(R));
+  // Per-thread scratch, reused across calls: fresh large buffers would cost a page fault per 4 KiB
+  // on every call (about 15 us each on a VM).
+  thread_local std::vector<float> qf, kf, vf, s, acc, m, l;
+  thread_local std::vector<int64_t> vis;
+  qf.resize(static_cast<size_t>(R * D));
+  kf.resize(static_cast<size_t>(kKeyTile * D));
+  vf.resize(job.keys.shared_kv ? 0 : static_cast<size_t>(kKeyTile * Dv));
+  s.resize(static_cast<size_t>(R * kKeyTile));
+  acc.assign(static_cast<size_t>(R * Dv), 0.0f);
+  m.assign(static_cast<size_t>(R), neg_inf);
+  l.assign(static_cast<size_t>(R), 0.0f);
+  vis.resize(static_cast<size_t>(R));
   int64_t max_vis = 0;
   for (int64_t r = 0; r < R; ++r) {
     bf16_row_to_f32(df, job.q + (job.j0 + r) * job.q_stride, D, qf.data() + r * D);
@@ -261,16 +269,32 @@ void run_attn_job(const AttnJob& job) {
     for (int64_t r = 0; r < R; ++r) {
       float* sr = s.data() + r * kKeyTile;
       const int64_t n_vis = std::clamp<int64_t>(vis[size_t(r)] - k0, 0, nt);
-      float mt = neg_inf;
-      for (int64_t t = 0; t < n_vis; ++t) mt = std::max(mt, sr[t] *= job.scale);
       if (n_vis == 0) {
         std::fill(sr, sr + nt, 0.0f);
         continue;
       }
+      const int64_t NL = int64_t(hn::Lanes(df)), nv = n_vis / NL * NL;
+      const auto vscale = hn::Set(df, job.scale);
+      auto vmax = hn::Set(df, neg_inf);
+      for (int64_t t = 0; t < nv; t += NL) {
+        const auto x = hn::Mul(hn::LoadU(df, sr + t), vscale);
+        hn::StoreU(x, df, sr + t);
+        vmax = hn::Max(vmax, x);
+      }
+      float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      for (int64_t t = nv; t < n_vis; ++t) mt = std::max(mt, sr[t] *= job.scale);
       const float m_new = std::max(m[size_t(r)], mt);
       const float corr = std::exp(m[size_t(r)] - m_new);  // exp(-inf) = 0 on the first tile
-      float sum = 0.0f;
-      for (int64_t t = 0; t < n_vis; ++t) sum += (sr[t] = std::exp(sr[t] - m_new));
+      // Vector exp (Highway's, within 1 ulp of expf); the sum order differs from host only.
+      const auto vm = hn::Set(df, m_new);
+      auto vsum = hn::Zero(df);
+      for (int64_t t = 0; t < nv; t += NL) {
+        const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, sr + t), vm));
+        hn::StoreU(e, df, sr + t);
+        vsum = hn::Add(vsum, e);
+      }
+      float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
+      for (int64_t t = nv; t < n_vis; ++t) sum += (sr[t] = std::exp(sr[t] - m_new));
       std::fill(sr + n_vis, sr + nt, 0.0f);
       l[size_t(r)] = l[size_t(r)] * corr + sum;
       m[size_t(r)] = m_new;
@@ -368,7 +392,9 @@ void run_problems(const std::vector<SeqProblem>& seqs) {
       }
     }
   }
-  std::vector<float> part_o(part_floats), part_lse(part_rows);
+  thread_local std::vector<float> part_o, part_lse;  // reused: see run_attn_job's scratch
+  part_o.resize(part_floats);
+  part_lse.resize(part_rows);
   for (size_t i = 0; i < jobs.size(); ++i)
     if (offsets[i].first != kNone) {
       jobs[i].part_o = part_o.data() + offsets[i].first;
