@@ -31,7 +31,7 @@ class MpiGroup final : public Group {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
   // MPI picks its own reduction order, so reduce_scatter is not bit-reproducible across sizes.
-  Capabilities capabilities() const override { return {true, true, false}; }
+  Capabilities capabilities() const override { return {true, true, true}; }
 
   void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
   void all_gather_v(const void* send, size_t send_count, void* recv,
