@@ -3,10 +3,10 @@
 // through two 128-entry byte lookups (VPERMI2B, the low and high byte of the code), 64 codes at a
 // time, and f32 by moving the bf16 bits up (an interleave with zeros). The interleaves permute
 // positions within each 64-code group; activations go through the same decode, so products pair
-// up. Each block's scales are applied to the decoded values (a·s_a and w·s_w, rounded to f32)
-// instead of to the block's partial sum, so the inner loop is one FMA per 16 products with no
-// per-block epilogue. That moves the rounding points: the difference to the host stays at f32
-// rounding level (checked by the harness at 1e-3; measured far below).
+// up. Products are exact in f32; each 128-block's partial sum is scaled by s_a·s_w into the
+// accumulator as DESIGN §2 says, so only the f32 summation order differs from the host. (Scaling
+// the decoded values instead saves that epilogue but moves the rounding points enough to fail the
+// tiny model's golden: 1.5e-2 against 6e-4 on one prompt.)
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -52,18 +52,18 @@ struct Decoder {
     hi1 = _mm512_load_si512(t.hi.data() + 64);
     sign = _mm512_set1_epi8(char(0x80));
   }
-  // 64 e4m3 codes -> 4 vectors of 16 f32, times s (a fixed permutation of the 64 positions).
-  DI_VBMI_TARGET inline void decode(const uint8_t* p, __m512 s, __m512* out) const {
+  // 64 e4m3 codes -> 4 vectors of 16 f32 (exact; a fixed permutation of the 64 positions).
+  DI_VBMI_TARGET inline void decode(const uint8_t* p, __m512* out) const {
     const __m512i codes = _mm512_loadu_si512(p);
     const __m512i lo = _mm512_permutex2var_epi8(lo0, codes, lo1);  // index bit 7 (sign) is ignored
     __m512i hi = _mm512_permutex2var_epi8(hi0, codes, hi1);
     hi = _mm512_or_si512(hi, _mm512_and_si512(codes, sign));
     const __m512i b0 = _mm512_unpacklo_epi8(lo, hi), b1 = _mm512_unpackhi_epi8(lo, hi);  // bf16
     const __m512i z = _mm512_setzero_si512();
-    out[0] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, b0)), s);
-    out[1] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(z, b0)), s);
-    out[2] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, b1)), s);
-    out[3] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(z, b1)), s);
+    out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, b0));
+    out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, b0));
+    out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, b1));
+    out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, b1));
   }
 };
 
@@ -83,16 +83,18 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
       for (int r = 0; r < MM; ++r) acc[c][r] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < kbs; ++kb) {
       const __m512* ab = act + size_t(kb) * MM * 8;  // [r][8]
+      float sa[MM];
+      for (int r = 0; r < MM; ++r) sa[r] = g.a_scales[r * kbs + kb];
       for (int64_t c = 0; c < nj; ++c) {
         const int64_t j = jt + c;
         __m512 wv[8];
-        const __m512 s = _mm512_set1_ps(g.w_scales[(j / 128) * kbs + kb]);
+        const float sw = g.w_scales[(j / 128) * kbs + kb];
         const uint8_t* blk = w + size_t(j) * size_t(K) + size_t(kb) * 128;
-        dec.decode(blk, s, wv);
-        dec.decode(blk + 64, s, wv + 4);
+        dec.decode(blk, wv);
+        dec.decode(blk + 64, wv + 4);
         for (int r = 0; r < MM; ++r) {
           const __m512* a = ab + r * 8;
-          __m512 p0 = _mm512_fmadd_ps(a[0], wv[0], acc[c][r]);
+          __m512 p0 = _mm512_mul_ps(a[0], wv[0]);
           __m512 p1 = _mm512_mul_ps(a[1], wv[1]);
           p0 = _mm512_fmadd_ps(a[2], wv[2], p0);
           p1 = _mm512_fmadd_ps(a[3], wv[3], p1);
@@ -100,7 +102,7 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
           p1 = _mm512_fmadd_ps(a[5], wv[5], p1);
           p0 = _mm512_fmadd_ps(a[6], wv[6], p0);
           p1 = _mm512_fmadd_ps(a[7], wv[7], p1);
-          acc[c][r] = _mm512_add_ps(p0, p1);
+          acc[c][r] = _mm512_fmadd_ps(_mm512_add_ps(p0, p1), _mm512_set1_ps(sa[r] * sw), acc[c][r]);
         }
       }
     }
@@ -126,9 +128,8 @@ DI_VBMI_TARGET void Run(const GemmArgs& g) {
     for (int64_t r = 0; r < g.m; ++r)
       for (int64_t kb = 0; kb < kbs; ++kb) {
         __m512* dst = act + (size_t(kb) * size_t(g.m) + size_t(r)) * 8;
-        const __m512 s = _mm512_set1_ps(g.a_scales[r * kbs + kb]);
-        dec.decode(a + r * g.k + kb * 128, s, dst);
-        dec.decode(a + r * g.k + kb * 128 + 64, s, dst + 4);
+        dec.decode(a + r * g.k + kb * 128, dst);
+        dec.decode(a + r * g.k + kb * 128 + 64, dst + 4);
       }
   }
   auto body = [&](int64_t j0, int64_t j1) {
