@@ -51,6 +51,15 @@ class Group {
   // send_counts[r] elements to rank r, recv_counts[r] from rank r, packed in rank order.
   virtual void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
                             std::span<const size_t> recv_counts, DType dtype) = 0;
+  // all_to_all_v whose send side is a gather of fixed-size rows rather than one packed buffer:
+  // rank r gets rows[offsets[r] .. offsets[r + 1]) of `base` (row i at base + i · row_bytes), in
+  // that order; recv_rows[r] rows come from rank r, packed in rank order. Byte for byte the same
+  // exchange as all_to_all_v of the packed rows, so ranks may mix the two calls. Backends that
+  // can send from the rows skip the pack copy (local: peers copy out of base; mpi: an indexed
+  // datatype). The default packs and calls all_to_all_v.
+  virtual void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
+                                 std::span<const int64_t> offsets, void* recv,
+                                 std::span<const size_t> recv_rows);
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
 };

@@ -36,6 +36,10 @@ class CapabilitiesOverride final : public Group {
                     DType t) override {
     inner_->all_to_all_v(s, sc, r, rc, t);
   }
+  void all_to_all_v_rows(const void* b, size_t rb, std::span<const int64_t> rows, std::span<const int64_t> off,
+                         void* r, std::span<const size_t> rr) override {
+    inner_->all_to_all_v_rows(b, rb, rows, off, r, rr);
+  }
   void broadcast(void* b, size_t c, DType t, int root) override {
     inner_->broadcast(b, c, t, root);
   }

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "core/env.h"
 
 namespace deepinfer::comm {
@@ -75,3 +79,27 @@ double resolve_timeout(double launch_timeout_s) {
 }
 
 }  // namespace deepinfer::comm
+
+namespace deepinfer {
+
+// Group::all_to_all_v_rows for backends that cannot send from rows: pack, then all_to_all_v.
+void Group::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
+                              std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {
+  const size_t n = size_t(size());
+  DI_CHECK(offsets.size() == n + 1 && recv_rows.size() == n,
+           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})", offsets.size(),
+           recv_rows.size(), n, n + 1, n);
+  thread_local std::vector<std::byte> packed;  // reused: a fresh big buffer faults on every page
+  packed.resize(std::max<size_t>(1, size_t(offsets[n]) * row_bytes));
+  const auto* src = static_cast<const std::byte*>(base);
+  for (int64_t i = 0; i < offsets[n]; ++i)
+    std::memcpy(packed.data() + size_t(i) * row_bytes, src + size_t(rows[size_t(i)]) * row_bytes, row_bytes);
+  std::vector<size_t> sc(n), rc(n);
+  for (size_t r = 0; r < n; ++r) {
+    sc[r] = size_t(offsets[r + 1] - offsets[r]) * row_bytes;
+    rc[r] = recv_rows[r] * row_bytes;
+  }
+  all_to_all_v(packed.data(), sc, recv, rc, DType::u8);
+}
+
+}  // namespace deepinfer

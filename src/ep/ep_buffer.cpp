@@ -27,11 +27,13 @@ namespace {
 // -0 -> +0 before transport, so a sum with zeros from other ranks is exact (DESIGN §4).
 inline float canon(float v) { return v == 0.0f ? 0.0f : v; }
 
-// A received record and where it came from.
+// A received row and where it came from: its x bytes and its other fields (scales, weights,
+// idx at the RecordLayout's offsets from meta), one record or two separate places.
 struct RowRef {
   int32_t src_rank;
   int32_t src_token;
-  const std::byte* rec;
+  const std::byte* x;
+  const std::byte* meta;
 };
 
 // Everything a record is packed from.
@@ -49,8 +51,8 @@ void pack_record(const RecordLayout& rl, const PackSource& s, int p, int k, int6
   auto zero = [&](size_t from, size_t to) {
     if (to > from) std::memset(dst + from, 0, to - from);
   };
-  std::memcpy(dst, s.x + size_t(t) * rl.x_bytes, rl.x_bytes);
-  zero(rl.x_bytes, rl.off_scales);
+  if (rl.has_x) std::memcpy(dst, s.x + size_t(t) * rl.x_bytes, rl.x_bytes);
+  zero(rl.has_x ? rl.x_bytes : 0, rl.off_scales);
   if (rl.scale_bytes) std::memcpy(dst + rl.off_scales, s.scales + t * p, rl.scale_bytes);
   zero(rl.off_scales + rl.scale_bytes, rl.off_weights);
   std::memcpy(dst + rl.off_weights, s.weights + t * k, size_t(k) * 4);
@@ -77,7 +79,7 @@ struct EPBuffer::Impl {
   EpAlgo algo = EpAlgo::ag;
   ep::EpSizes sizes;
   // Reused across calls (sized by ep_size_hint, grown on demand).
-  std::vector<std::byte> send_buf, recv_buf, comb_send, comb_recv;
+  std::vector<std::byte> send_buf, recv_buf, recv_x, comb_send, comb_recv;
   std::vector<float> red_send, red_recv, acc;
   std::vector<int> part_count;
   std::vector<const uint16_t*> part_ptr;
@@ -107,7 +109,7 @@ struct EPBuffer::Impl {
   void build_send_lists(HandleData& h) const {
     const int k = cfg.num_topk;
     const int64_t* idx = h.topk_idx.data<int64_t>();
-    std::vector<std::vector<int32_t>> per(static_cast<size_t>(world));
+    std::vector<std::vector<int64_t>> per(static_cast<size_t>(world));
     std::vector<uint8_t> hit(static_cast<size_t>(world));
     for (int64_t t = 0; t < h.num_tokens; ++t) {
       std::fill(hit.begin(), hit.end(), 0);
@@ -116,7 +118,7 @@ struct EPBuffer::Impl {
         if (e >= 0) hit[size_t(e / local_experts)] = 1;
       }
       for (int r = 0; r < world; ++r)
-        if (hit[size_t(r)]) per[size_t(r)].push_back(int32_t(t));
+        if (hit[size_t(r)]) per[size_t(r)].push_back(t);
     }
     h.send_offsets.assign(size_t(world) + 1, 0);
     h.send_tokens.clear();
@@ -144,24 +146,27 @@ struct EPBuffer::Impl {
     if (cached) {
       for (size_t i = 0; i < h.recv_src_rank.size(); ++i) {
         const int64_t g = int64_t(h.recv_src_rank[i]) * r_rows + h.recv_src_token[i];
-        rows.push_back({h.recv_src_rank[i], h.recv_src_token[i], recv_buf.data() + size_t(g) * rl.bytes});
+        const std::byte* rec = recv_buf.data() + size_t(g) * rl.bytes;
+        rows.push_back({h.recv_src_rank[i], h.recv_src_token[i], rec, rec});
       }
       return;
     }
     const int64_t lo = int64_t(rank) * local_experts;
     ep::ag::select(recv_buf.data(), world, r_rows, rl, k, lo, lo + local_experts, selected);
-    for (int64_t g : selected)
-      rows.push_back({int32_t(g / r_rows), int32_t(g % r_rows), recv_buf.data() + size_t(g) * rl.bytes});
+    for (int64_t g : selected) {
+      const std::byte* rec = recv_buf.data() + size_t(g) * rl.bytes;
+      rows.push_back({int32_t(g / r_rows), int32_t(g % r_rows), rec, rec});
+    }
   }
 
-  // a2a: pack by destination, exchange under the plan, list the received rows.
-  void a2a_exchange(const HandleData& h, const PackSource& src, std::vector<RowRef>& rows) {
-    const RecordLayout& rl = sizes.a2a_record;
+  // a2a: exchange under the plan and list the received rows. Where all_to_all_v is trusted, the
+  // x rows go by all_to_all_v_rows straight from the caller's x (no pack copy) into x_dst when
+  // given (the output itself: no unpack copy either) and the small [scales|weights|idx|token]
+  // records by a second all_to_all_v; else whole records are packed for the plan's lowering.
+  const RecordLayout& a2a_exchange(const HandleData& h, const PackSource& src, std::vector<RowRef>& rows,
+                                   std::byte* x_dst) {
     const int k = cfg.num_topk, p = cfg.scale_cols();
     const size_t n_send = h.send_tokens.size();
-    if (send_buf.size() < n_send * rl.bytes) send_buf.resize(n_send * rl.bytes);
-    for (size_t i = 0; i < n_send; ++i)
-      pack_record(rl, src, p, k, h.send_tokens[i], send_buf.data() + i * rl.bytes, true);
     std::vector<int64_t> sc(static_cast<size_t>(world)), rc(static_cast<size_t>(world));
     int64_t n_recv = 0;
     for (int r = 0; r < world; ++r) {
@@ -169,10 +174,28 @@ struct EPBuffer::Impl {
       rc[size_t(r)] = h.plan.send(r, rank);
       n_recv += rc[size_t(r)];
     }
-    if (recv_buf.size() < size_t(n_recv) * rl.bytes) recv_buf.resize(size_t(n_recv) * rl.bytes);
     log_once(fmt::format("a2a dispatch lowering = {}", ep::a2a::to_string(h.plan.lowering)));
-    ep::a2a::exchange(group, h.plan.lowering, h.plan.max_split, sc, rc, send_buf.data(),
-                      recv_buf.data(), rl.bytes, scratch, stats);
+    const bool split = h.plan.lowering == ep::a2a::Lowering::v;
+    const RecordLayout& rl = split ? sizes.a2a_meta : sizes.a2a_record;
+    if (send_buf.size() < n_send * rl.bytes) send_buf.resize(n_send * rl.bytes);
+    for (size_t i = 0; i < n_send; ++i)
+      pack_record(rl, src, p, k, h.send_tokens[i], send_buf.data() + i * rl.bytes, true);
+    if (recv_buf.size() < size_t(n_recv) * rl.bytes) recv_buf.resize(size_t(n_recv) * rl.bytes);
+    ep::a2a::exchange(group, h.plan.lowering, h.plan.max_split, sc, rc, send_buf.data(), recv_buf.data(), rl.bytes,
+                      scratch, stats);
+    const std::byte* x_recv = nullptr;
+    if (split) {
+      if (!x_dst) {
+        if (recv_x.size() < size_t(n_recv) * rl.x_bytes) recv_x.resize(size_t(n_recv) * rl.x_bytes);
+        x_dst = recv_x.data();
+      }
+      std::vector<size_t> recv_rows(rc.begin(), rc.end());
+      group.all_to_all_v_rows(src.x, rl.x_bytes, h.send_tokens, h.send_offsets, x_dst, recv_rows);
+      stats.collectives += 1;
+      stats.bytes_sent += n_send * rl.x_bytes;
+      stats.bytes_recv += size_t(n_recv) * rl.x_bytes;
+      x_recv = x_dst;
+    }
     rows.clear();
     size_t pos = 0;
     for (int r = 0; r < world; ++r)
@@ -180,14 +203,24 @@ struct EPBuffer::Impl {
         const std::byte* rec = recv_buf.data() + pos * rl.bytes;
         int64_t t;
         std::memcpy(&t, rec + rl.off_token, 8);
-        rows.push_back({int32_t(r), int32_t(t), rec});
+        rows.push_back({int32_t(r), int32_t(t), split ? x_recv + pos * rl.x_bytes : rec, rec});
       }
+    return rl;
+  }
+
+  // The a2a dispatch output x, allocated before the exchange so the rows land in it directly
+  // (non-expand layout over all_to_all_v_rows); else undefined.
+  Tensor a2a_x_out(const HandleData& h) const {
+    if (cfg.expand || h.plan.lowering != ep::a2a::Lowering::v) return {};
+    int64_t n_recv = 0;
+    for (int r = 0; r < world; ++r) n_recv += h.plan.send(r, rank);
+    return Tensor::empty(cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16, {n_recv, cfg.hidden});
   }
 
   // The common unpack: received records -> DeepEP's outputs. fill_handle: record the receive
   // side in h (uncached); cached dispatch recomputes the same values and leaves h alone.
   DispatchOutput unpack(const std::vector<RowRef>& rows, const RecordLayout& rl, HandleData* h_fill,
-                        const HandleData& h) const {
+                        const HandleData& h, Tensor x_out = {}) const {
     const int k = cfg.num_topk, p = cfg.scale_cols();
     const int64_t n = int64_t(rows.size());
     const int64_t lo = int64_t(rank) * local_experts;
@@ -199,7 +232,7 @@ struct EPBuffer::Impl {
     std::vector<float> weights(size_t(n) * size_t(k));
     std::vector<int64_t> count_raw(size_t(local_experts), 0), per_rank(size_t(world), 0);
     for (int64_t i = 0; i < n; ++i) {
-      const std::byte* rec = rows[size_t(i)].rec;
+      const std::byte* rec = rows[size_t(i)].meta;
       std::memcpy(weights.data() + i * k, rec + rl.off_weights, size_t(k) * 4);
       per_rank[size_t(rows[size_t(i)].src_rank)] += 1;
       for (int j = 0; j < k; ++j) {
@@ -225,7 +258,7 @@ struct EPBuffer::Impl {
     out.num_recv_tokens_per_expert_aligned = count_aligned;
     std::vector<int64_t> expand_slot;
     if (!cfg.expand) {
-      out.x = Tensor::empty(xdt, {n, cfg.hidden});                 // [N, H]
+      out.x = x_out.defined() ? std::move(x_out) : Tensor::empty(xdt, {n, cfg.hidden});  // [N, H]
       if (fp8) out.scales = Tensor::empty(DType::f32, {n, p});      // [N, P]
       out.topk_idx = Tensor::empty(DType::i64, {n, k});             // [N, K]
       out.topk_weights = Tensor::empty(DType::f32, {n, k});         // [N, K]
@@ -233,8 +266,8 @@ struct EPBuffer::Impl {
       auto* ox = static_cast<std::byte*>(out.x.raw());
       for (int64_t i = 0; i < n; ++i) {
         const RowRef& r = rows[size_t(i)];
-        std::memcpy(ox + size_t(i) * rl.x_bytes, r.rec, rl.x_bytes);
-        if (fp8) std::memcpy(out.scales.data<float>() + i * p, r.rec + rl.off_scales, rl.scale_bytes);
+        if (r.x != ox + size_t(i) * rl.x_bytes) std::memcpy(ox + size_t(i) * rl.x_bytes, r.x, rl.x_bytes);
+        if (fp8) std::memcpy(out.scales.data<float>() + i * p, r.meta + rl.off_scales, rl.scale_bytes);
         for (int j = 0; j < k; ++j) out.topk_idx.data<int64_t>()[i * k + j] = local_idx[size_t(i * k + j)];
         out.src.data<int64_t>()[i] = int64_t(r.src_rank) * m + r.src_token;
       }
@@ -259,8 +292,8 @@ struct EPBuffer::Impl {
           if (le < 0) continue;
           const int64_t s = cursor[size_t(le)]++;
           expand_slot[size_t(i * k + j)] = s;
-          std::memcpy(ox + size_t(s) * rl.x_bytes, r.rec, rl.x_bytes);
-          if (fp8) std::memcpy(out.scales.data<float>() + s * p, r.rec + rl.off_scales, rl.scale_bytes);
+          std::memcpy(ox + size_t(s) * rl.x_bytes, r.x, rl.x_bytes);
+          if (fp8) std::memcpy(out.scales.data<float>() + s * p, r.meta + rl.off_scales, rl.scale_bytes);
           out.topk_idx.data<int64_t>()[s] = le;
           out.topk_weights.data<float>()[s] = weights[size_t(i * k + j)];
           out.src.data<int64_t>()[s] = int64_t(r.src_rank) * m + r.src_token;
@@ -318,22 +351,31 @@ struct EPBuffer::Impl {
     h->topk_idx = in.topk_idx.clone();
     h->topk_weights = in.topk_weights.clone();
     build_send_lists(*h);
-    const PackSource src = source(in.x, in.scales, h->topk_weights, h->topk_idx);
-    std::vector<RowRef> rows;
     if (algo == EpAlgo::ag) {
       h->ag_rows = cfg.ag_rows == AgRows::max ? max_t : cfg.num_max_tokens_per_rank;
-      ag_exchange(*h, src, false, rows);
     } else {
       std::vector<int64_t> counts(static_cast<size_t>(world));
       for (int r = 0; r < world; ++r) counts[size_t(r)] = h->send_offsets[size_t(r) + 1] - h->send_offsets[size_t(r)];
       h->plan = ep::a2a::make_plan(group, counts);
       stats.collectives += 1;
-      a2a_exchange(*h, src, rows);
     }
     stats.collectives += 1;  // the agreement all_reduce
-    DispatchOutput out = unpack(rows, algo == EpAlgo::ag ? sizes.ag_record : sizes.a2a_record, h.get(), *h);
+    DispatchOutput out = exchange_and_unpack(*h, source(in.x, in.scales, h->topk_weights, h->topk_idx), h.get());
     out.handle.data = std::move(h);
     return out;
+  }
+
+  // Both dispatches after the routing is known (h): move the rows, then unpack. h_fill: the
+  // uncached dispatch records the receive side there.
+  DispatchOutput exchange_and_unpack(const HandleData& h, const PackSource& src, HandleData* h_fill) {
+    std::vector<RowRef> rows;
+    if (algo == EpAlgo::ag) {
+      ag_exchange(h, src, h_fill == nullptr, rows);
+      return unpack(rows, sizes.ag_record, h_fill, h);
+    }
+    Tensor x_out = a2a_x_out(h);
+    const RecordLayout& rl = a2a_exchange(h, src, rows, x_out.defined() ? static_cast<std::byte*>(x_out.raw()) : nullptr);
+    return unpack(rows, rl, h_fill, h, std::move(x_out));
   }
 
   void check_handle(const Handle& handle, const char* op) const {
@@ -350,11 +392,7 @@ struct EPBuffer::Impl {
     const HandleData& h = *handle.data;
     const std::string err = ep::check_x(x, scales, h.num_tokens, cfg);
     if (!err.empty()) DI_FAIL("ep cached dispatch on rank {}/{}: {}", rank, world, err);
-    const PackSource src = source(x, scales, h.topk_weights, h.topk_idx);
-    std::vector<RowRef> rows;
-    if (algo == EpAlgo::ag) ag_exchange(h, src, true, rows);
-    else a2a_exchange(h, src, rows);
-    DispatchOutput out = unpack(rows, algo == EpAlgo::ag ? sizes.ag_record : sizes.a2a_record, nullptr, h);
+    DispatchOutput out = exchange_and_unpack(h, source(x, scales, h.topk_weights, h.topk_idx), nullptr);
     out.handle = handle;
     return out;
   }

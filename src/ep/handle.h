@@ -30,7 +30,7 @@ struct HandleData {
 
   // Send side: this rank's tokens grouped by destination rank, ascending within each.
   std::vector<int64_t> send_offsets;  // [W + 1]
-  std::vector<int32_t> send_tokens;   // [send_offsets[W]]
+  std::vector<int64_t> send_tokens;   // [send_offsets[W]]
 
   int64_t ag_rows = 0;  // ag: R rows per rank in the all_gather
   a2a::Plan plan;       // a2a: split matrix and lowering

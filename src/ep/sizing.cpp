@@ -18,6 +18,18 @@ RecordLayout record_layout(const EPConfig& cfg, bool with_token) {
   return r;
 }
 
+RecordLayout meta_layout(const EPConfig& cfg) {
+  RecordLayout r = record_layout(cfg, true);
+  const size_t shift = r.off_scales;  // drop the x region; every later field moves down as one
+  r.has_x = false;
+  r.off_scales -= shift;
+  r.off_weights -= shift;
+  r.off_idx -= shift;
+  r.off_token -= shift;
+  r.bytes -= shift;
+  return r;
+}
+
 size_t ag_combine_cols(const EPConfig& cfg) {
   const size_t h = size_t(cfg.hidden), k = size_t(cfg.num_topk);
   return (cfg.combine == CombineMode::exact ? k * h : h) + k;
@@ -28,6 +40,7 @@ EpSizes ep_size_hint(const EPConfig& cfg, int world) {
   const size_t w = size_t(world), m = size_t(cfg.num_max_tokens_per_rank);
   s.ag_record = record_layout(cfg, false);
   s.a2a_record = record_layout(cfg, true);
+  s.a2a_meta = meta_layout(cfg);
   s.ag_send_bytes = m * s.ag_record.bytes;
   s.ag_recv_bytes = w * m * s.ag_record.bytes;
   s.a2a_send_bytes = m * std::min(w, size_t(cfg.num_topk)) * s.a2a_record.bytes;

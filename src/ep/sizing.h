@@ -16,19 +16,22 @@ constexpr size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 // One dispatched token as bytes: [x | scales | weights | topk_idx | src_token?].
 // ag knows the source token from the row position; a2a carries it.
 struct RecordLayout {
-  size_t x_bytes = 0;      // H · sizeof(x elem)
+  bool has_x = true;       // false: the x row travels apart (a2a over all_to_all_v_rows)
+  size_t x_bytes = 0;      // H · sizeof(x elem), in the record or apart
   size_t scale_bytes = 0;  // P · 4
   size_t off_scales = 0, off_weights = 0, off_idx = 0, off_token = 0;
   size_t bytes = 0;        // total, multiple of kRecordAlign
 };
 RecordLayout record_layout(const EPConfig& cfg, bool with_token);
+// [scales | weights | idx | token]: the a2a record when x rows are sent apart.
+RecordLayout meta_layout(const EPConfig& cfg);
 
 // Floats per token row in the ag combine reduction: exact = K products of H + K weights,
 // fast = one H partial + K weights.
 size_t ag_combine_cols(const EPConfig& cfg);
 
 struct EpSizes {
-  RecordLayout ag_record, a2a_record;
+  RecordLayout ag_record, a2a_record, a2a_meta;
   size_t ag_send_bytes = 0;   // M records
   size_t ag_recv_bytes = 0;   // W · M records
   size_t a2a_send_bytes = 0;  // worst case: every token to min(W, K) ranks

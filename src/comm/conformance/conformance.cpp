@@ -253,6 +253,7 @@ class Suite {
   void op_reduce_scatter();
   void op_all_to_all();
   void op_all_to_all_v();
+  void op_all_to_all_v_rows();
 
   template <class T>
   void all_reduce_case(DType dt, ReduceOp op, const std::string& size, size_t n);
@@ -565,6 +566,66 @@ void Suite::op_all_to_all_v() {
   }
 }
 
+// all_to_all_v_rows: rows of an odd size picked from a base in reversed order (one spare base
+// row is never sent); even ranks call it, odd ranks the packed all_to_all_v of the same bytes,
+// which the contract allows; receivers check every byte as in all_to_all_v.
+void Suite::op_all_to_all_v_rows() {
+  constexpr size_t kRowBytes = 72 + 5;
+  for (Split sp : {Split::uneven, Split::empty, Split::mixed, Split::zero}) {
+    for (size_t u : {size_t(1), size_t(17)}) {
+      if (sp == Split::zero && u != 1) continue;
+      std::vector<int64_t> offsets(static_cast<size_t>(world_) + 1, 0);
+      std::vector<size_t> recv_rows(static_cast<size_t>(world_)), send_bytes(static_cast<size_t>(world_)),
+          recv_bytes(static_cast<size_t>(world_));
+      size_t recv_total = 0, max_total = 0;
+      for (int p = 0; p < world_; ++p) {
+        offsets[size_t(p) + 1] = offsets[size_t(p)] + int64_t(a2av_count(sp, me_, p, u));
+        send_bytes[size_t(p)] = a2av_count(sp, me_, p, u) * kRowBytes;
+        recv_total += recv_rows[size_t(p)] = a2av_count(sp, p, me_, u);
+        recv_bytes[size_t(p)] = recv_rows[size_t(p)] * kRowBytes;
+      }
+      for (int d = 0; d < world_; ++d) {
+        size_t t = 0;
+        for (int q = 0; q < world_; ++q) t += a2av_count(sp, q, d, u);
+        max_total = std::max(max_total, t * kRowBytes);
+      }
+      begin("all_to_all_v_rows", "u8", fmt::format("{} {}B rows", split_name(sp), kRowBytes),
+            fmt::format("{}", u), max_total);
+      const uint64_t salt = next_salt();
+      const size_t n_rows = size_t(offsets.back());
+      // The packed bytes each destination must get, then the base rows they are picked from:
+      // row q of the packed send is base row rows[q] = n_rows - 1 - q.
+      std::vector<std::byte> packed(std::max<size_t>(1, n_rows * kRowBytes));
+      size_t off = 0;
+      for (int d = 0; d < world_; ++d) {
+        fill_pattern(packed.data() + off, send_bytes[size_t(d)], DType::u8, block_seed(salt, me_, d));
+        off += send_bytes[size_t(d)];
+      }
+      std::vector<int64_t> rows(n_rows);
+      SendBuffer base(send_arena_, copy_arena_, (n_rows + 1) * kRowBytes);
+      std::memset(base.data(), 0xA5, (n_rows + 1) * kRowBytes);
+      for (size_t q = 0; q < n_rows; ++q) {
+        rows[q] = int64_t(n_rows - 1 - q);
+        std::memcpy(base.data() + size_t(rows[q]) * kRowBytes, packed.data() + q * kRowBytes, kRowBytes);
+      }
+      base.snapshot();
+      OutBuffer recv(out_arena_, recv_total * kRowBytes);
+      if (me_ % 2 == 0)
+        g_.all_to_all_v_rows(base.data(), kRowBytes, rows, offsets, recv.data(), recv_rows);
+      else
+        g_.all_to_all_v(packed.data(), send_bytes, recv.data(), recv_bytes, DType::u8);
+      Record rec;
+      off = 0;
+      for (int q = 0; q < world_; ++q) {
+        check_block(rec, recv.data() + off, recv_bytes[size_t(q)], DType::u8, block_seed(salt, q, me_), q);
+        off += recv_bytes[size_t(q)];
+      }
+      check_buffers(rec, recv, base);
+      finish(DType::u8, rec);
+    }
+  }
+}
+
 std::string Suite::detail(const Record& rec, int on_rank, DType fmt_dtype, uint64_t total_wrong) const {
   std::string s;
   if (rec.flags & kFlagBarrierEarly) {
@@ -641,6 +702,7 @@ SuiteReport Suite::run() {
     run_op("reduce_scatter", &Suite::op_reduce_scatter);
     run_op("all_to_all", &Suite::op_all_to_all);
     run_op("all_to_all_v", &Suite::op_all_to_all_v);
+    run_op("all_to_all_v_rows", &Suite::op_all_to_all_v_rows);
   } catch (const std::exception& e) {
     SuiteStop& st = report_.stop;
     st.stopped = true;

@@ -348,19 +348,52 @@ void LocalGroup::all_to_all_v(const void* send, std::span<const size_t> send_cou
   s.send_counts = send_counts.data();
   s.recv_counts = recv_counts.data();
   sync_start();
+  receive_all_to_all_v(static_cast<std::byte*>(recv), recv_counts, es);
+  sync_end();
+}
+
+void LocalGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
+                                   std::span<const int64_t> offsets, void* recv,
+                                   std::span<const size_t> recv_rows) {
+  const int n = size();
+  DI_CHECK(offsets.size() == size_t(n) + 1 && recv_rows.size() == size_t(n),
+           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})",
+           offsets.size(), recv_rows.size(), n, n + 1, n);
+  row_send_bytes_.resize(size_t(n));
+  for (int r = 0; r < n; ++r) row_send_bytes_[size_t(r)] = size_t(offsets[size_t(r) + 1] - offsets[size_t(r)]) * row_bytes;
+  std::vector<size_t> recv_bytes(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) recv_bytes[size_t(r)] = recv_rows[size_t(r)] * row_bytes;
+  // Byte for byte an all_to_all_v of u8, so it meets peers that call the packed form.
+  LocalSlot& s = begin({OpKind::all_to_all_v, DType::u8, ReduceOp::sum, 0, 0}, size_t(offsets[size_t(n)]) * row_bytes);
+  s.send = static_cast<const std::byte*>(base);
+  s.send_counts = row_send_bytes_.data();
+  s.recv_counts = recv_bytes.data();
+  s.rows = rows.data();
+  s.row_offsets = offsets.data();
+  s.row_bytes = row_bytes;
+  sync_start();
+  receive_all_to_all_v(static_cast<std::byte*>(recv), recv_bytes, 1);
+  sync_end();
+}
+
+void LocalGroup::receive_all_to_all_v(std::byte* out, std::span<const size_t> recv_counts, size_t es) const {
+  const int n = size();
   std::vector<size_t> recv_offset(size_t(n) + 1, 0);
   for (int r = 0; r < n; ++r)
     recv_offset[size_t(r) + 1] = recv_offset[size_t(r)] + recv_counts[size_t(r)];
-  auto* out = static_cast<std::byte*>(recv);
   for (int i = 0; i < n; ++i) {
     const int r = (rank_ + i) % n;
     const LocalSlot& p = peer(r);
+    std::byte* dst = out + recv_offset[size_t(r)] * es;
+    if (p.rows) {  // straight from the peer's rows: no pack copy anywhere
+      for (int64_t q = p.row_offsets[rank_]; q < p.row_offsets[rank_ + 1]; ++q, dst += p.row_bytes)
+        copy_bytes(dst, p.send + size_t(p.rows[q]) * p.row_bytes, p.row_bytes);
+      continue;
+    }
     size_t src_offset = 0;  // where rank r's block for me starts in its send buffer
     for (int j = 0; j < rank_; ++j) src_offset += p.send_counts[j];
-    copy_bytes(out + recv_offset[size_t(r)] * es, p.send + src_offset * es,
-               recv_counts[size_t(r)] * es);
+    copy_bytes(dst, p.send + src_offset * es, recv_counts[size_t(r)] * es);
   }
-  sync_end();
 }
 
 void LocalGroup::broadcast(void* buf, size_t count, DType dtype, int root) {

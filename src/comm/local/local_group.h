@@ -25,6 +25,11 @@ struct LocalSlot {
   const size_t* send_counts = nullptr;  // all_to_all_v: [size]
   const size_t* recv_counts = nullptr;  // all_to_all_v, all_gather_v: [size]
   size_t send_count = 0;                // all_gather_v
+  // all_to_all_v from rows (send_counts then in bytes): rank r's rows are
+  // rows[row_offsets[r] .. row_offsets[r + 1]) of send, row_bytes each.
+  const int64_t* rows = nullptr;
+  const int64_t* row_offsets = nullptr;
+  size_t row_bytes = 0;
   const std::byte* scratch = nullptr;   // all_reduce: this rank's reduced slice
 };
 
@@ -87,6 +92,8 @@ class LocalGroup final : public Group {
   void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
   void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override;
+  void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
+                         std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void barrier() override;
 
@@ -96,6 +103,9 @@ class LocalGroup final : public Group {
   void sync_end();    // barrier 2: peers are done with this rank's buffers
   const LocalSlot& peer(int r) const;
   std::string check_match() const;  // empty, or why the ranks' calls do not match
+  // The receive half of all_to_all_v(_rows), after sync_start: copies every peer's block for this
+  // rank, from its packed buffer or straight from its rows.
+  void receive_all_to_all_v(std::byte* out, std::span<const size_t> recv_counts, size_t es) const;
 
   std::shared_ptr<LocalWorld> world_;
   const int rank_;
@@ -103,6 +113,7 @@ class LocalGroup final : public Group {
   size_t bytes_ = 0;
   int parity_ = 0;
   Clock::time_point deadline_;
+  std::vector<size_t> row_send_bytes_;  // all_to_all_v_rows: the bytes to each rank, published
 };
 
 }  // namespace deepinfer::comm

@@ -408,6 +408,56 @@ void MpiGroup::all_to_all_v(const void* send, std::span<const size_t> send_count
                ro);
 }
 
+// Each destination's rows as one hindexed datatype over base, so MPI reads them in place (its
+// own copy into the transport is the only one) instead of from a packed copy.
+void MpiGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
+                                 std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {
+  const size_t n = size_t(size_);
+  DI_CHECK(offsets.size() == n + 1 && recv_rows.size() == n,
+           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})", offsets.size(),
+           recv_rows.size(), n, n + 1, n);
+  const size_t st = size_t(offsets[n]) * row_bytes;
+  size_t rt = 0;
+  for (size_t r : recv_rows) rt += r * row_bytes;
+  {
+    const Call call = begin(OpKind::all_to_all_v, st);
+    // MPI_Ialltoallw takes int counts and byte displacements: beyond them, the packed path.
+    if (any_rank_needs(call, !fits(st) || !fits(rt) || !fits(row_bytes)))
+      return Group::all_to_all_v_rows(base, row_bytes, rows, offsets, recv, recv_rows);
+  }
+  const Call call = begin(OpKind::all_to_all_v, st);
+  struct Types {  // freed however the call ends
+    std::vector<MPI_Datatype> v;
+    ~Types() {
+      for (MPI_Datatype& t : v)
+        if (t != MPI_BYTE) MPI_Type_free(&t);
+    }
+  } send_types{std::vector<MPI_Datatype>(n, MPI_BYTE)};
+  std::vector<MPI_Datatype> recv_types(n, MPI_BYTE);
+  std::vector<int> sc(n, 0), sd(n, 0), rc(n), rd(n);
+  std::vector<MPI_Aint> displs;
+  size_t ro = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const int64_t cnt = offsets[r + 1] - offsets[r];
+    if (cnt > 0) {
+      displs.resize(size_t(cnt));
+      for (int64_t q = 0; q < cnt; ++q) displs[size_t(q)] = MPI_Aint(rows[size_t(offsets[r] + q)]) * MPI_Aint(row_bytes);
+      check_mpi(MPI_Type_create_hindexed_block(int(cnt), int(row_bytes), displs.data(), MPI_BYTE, &send_types.v[r]),
+                "MPI_Type_create_hindexed_block");
+      check_mpi(MPI_Type_commit(&send_types.v[r]), "MPI_Type_commit");
+      sc[r] = 1;
+    }
+    rc[r] = int(recv_rows[r] * row_bytes);
+    rd[r] = int(ro);
+    ro += recv_rows[r] * row_bytes;
+  }
+  MPI_Request req;
+  check_mpi(MPI_Ialltoallw(base, sc.data(), sd.data(), send_types.v.data(), recv, rc.data(), rd.data(),
+                           recv_types.data(), comm_, &req),
+            "MPI_Ialltoallw");
+  wait(call, req);
+}
+
 void MpiGroup::broadcast(void* buf, size_t count, DType dtype, int root) {
   DI_CHECK(root >= 0 && root < size_, "broadcast root {} out of range for a world of {}", root,
            size_);

@@ -41,6 +41,8 @@ class MpiGroup final : public Group {
   void all_to_all(const void* send, void* recv, size_t count, DType dtype) override;
   void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override;
+  void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
+                         std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void barrier() override;
 
