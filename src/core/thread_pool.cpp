@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -22,6 +23,27 @@ namespace {
 thread_local int t_depth = 0;
 // Chunks per thread: a little oversubscription evens out uneven chunk costs.
 constexpr int64_t kChunksPerThread = 4;
+// Idle workers (and a caller waiting for them) poll this long before sleeping on the condition
+// variable: decode issues parallel_fors back to back, and a futex sleep/wake costs tens of us on
+// a VM, which is most of a small kernel's time.
+constexpr auto kSpin = std::chrono::microseconds(60);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Polls pred for up to kSpin; true as soon as it holds.
+template <class Pred>
+bool spin_until(Pred pred) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0;; ++i) {
+    if (pred()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) return false;
+  }
+}
 
 struct DepthGuard {
   DepthGuard() { ++t_depth; }
@@ -41,6 +63,10 @@ struct ThreadPool::Impl {
   uint64_t generation = 0;
   bool stop = false;
   int active = 0;  // workers still inside the current job
+  // Lock-free mirrors of generation / stop / active for the spin phase (written under mutex).
+  std::atomic<uint64_t> generation_pub{0};
+  std::atomic<bool> stop_pub{false};
+  std::atomic<int> active_pub{0};
 
   const std::function<void(int64_t, int64_t)>* fn = nullptr;
   int64_t n = 0;
@@ -68,6 +94,9 @@ struct ThreadPool::Impl {
   void worker_loop() {
     uint64_t seen = 0;
     for (;;) {
+      spin_until([&] {
+        return generation_pub.load(std::memory_order_acquire) != seen || stop_pub.load(std::memory_order_relaxed);
+      });
       {
         std::unique_lock lock(mutex);
         work_cv.wait(lock, [&] { return stop || generation != seen; });
@@ -76,7 +105,8 @@ struct ThreadPool::Impl {
       }
       run_chunks();
       std::lock_guard lock(mutex);
-      if (--active == 0) done_cv.notify_one();
+      active_pub.store(--active, std::memory_order_release);
+      if (active == 0) done_cv.notify_one();
     }
   }
 };
@@ -109,6 +139,7 @@ void ThreadPool::shutdown() {
   {
     std::lock_guard lock(impl_->mutex);
     impl_->stop = true;
+    impl_->stop_pub = true;
   }
   impl_->work_cv.notify_all();
   for (std::thread& t : impl_->workers) t.join();
@@ -142,11 +173,14 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     p.failed.store(false, std::memory_order_relaxed);
     p.error = nullptr;
     p.active = int(p.workers.size());
+    p.active_pub.store(p.active, std::memory_order_relaxed);
     ++p.generation;
+    p.generation_pub.store(p.generation, std::memory_order_release);
   }
   p.work_cv.notify_all();
   p.run_chunks();
   std::exception_ptr error;
+  spin_until([&] { return p.active_pub.load(std::memory_order_acquire) == 0; });
   {
     std::unique_lock lock(p.mutex);
     p.done_cv.wait(lock, [&] { return p.active == 0; });
