@@ -1,8 +1,9 @@
 // `deepinfer bench ep`: EPBuffer dispatch and combine at a DeepSeek-V3-like shape (H=7168, K=8,
-// E=256, 512 tokens/rank, fp8 dispatch, bf16 combine) for each algorithm, as JSON lines (issue 2
+// E=256, 512 tokens/rank, fp8 dispatch, bf16 combine) for each algorithm, as JSON lines (issue 3
 // contract). The limit is a raw all_to_all_v moving the same bytes in the same run (MPI_Alltoallv
-// under mpi, the Group's all_to_all_v on local); ag is compared with that time scaled by its
-// analytic byte ratio (ag bytes / a2a bytes). Results are checked against the host reference.
+// under mpi, the Group's all_to_all_v on local); ag is compared with that time scaled by its byte
+// ratio (bytes ag moves / bytes a2a moves; per rank the larger of sent and received, so the fp32
+// reduce_scatter counts the W blocks it sends). Results are checked against the host reference.
 #include <deepinfer/comm.h>
 #include <deepinfer/ep.h>
 #include <mpi.h>
@@ -160,7 +161,10 @@ int run_bench(const BenchEpCli& o) {
       EPBuffer buf(g, cfg);
       DispatchOutput out;
       const double t_dispatch = time_median(g, o.warmup, o.iters, [&] { out = buf.dispatch(di); });
-      double d_bytes = double(buf.last_stats().bytes_recv);
+      // Bytes a rank moves: the larger of what it sends and receives (a reduce_scatter sends W
+      // blocks and receives one; an all_gather the reverse), max over ranks.
+      auto moved = [](const EpCallStats& st) { return double(std::max(st.bytes_sent, st.bytes_recv)); };
+      double d_bytes = moved(buf.last_stats());
       g.all_reduce(&d_bytes, 1, DType::f64, ReduceOp::max);
       // Expert outputs: closed form per (row, expert/rank), as check ep uses.
       const int64_t rows = out.src.dim(0);
@@ -172,7 +176,7 @@ int run_bench(const BenchEpCli& o) {
       }
       CombineOutput comb;
       const double t_combine = time_median(g, o.warmup, o.iters, [&] { comb = buf.combine(y, out.handle); });
-      double c_bytes = double(buf.last_stats().bytes_recv);
+      double c_bytes = moved(buf.last_stats());
       g.all_reduce(&c_bytes, 1, DType::f64, ReduceOp::max);
 
       if (o.check) {
