@@ -42,6 +42,15 @@ const Tables& tables() {
   return t;
 }
 
+// Sum of the 16 lanes (not _mm512_reduce_add_ps: GCC 12 warns inside it under -Werror).
+DI_VBMI_TARGET inline float hsum(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+
 struct Decoder {
   __m512i lo0, lo1, hi0, hi1, sign;
   DI_VBMI_TARGET Decoder() {
@@ -108,7 +117,7 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
     }
     for (int64_t c = 0; c < nj; ++c)
       for (int r = 0; r < MM; ++r) {
-        const float v = _mm512_reduce_add_ps(acc[c][r]);
+        const float v = hsum(acc[c][r]);
         if (g.out) g.out[r * g.n + jt + c] = f32_to_bf16(v);
         else g.out_f32[r * g.n + jt + c] = v;
       }
@@ -119,9 +128,9 @@ DI_VBMI_TARGET void Run(const GemmArgs& g) {
   const int64_t kbs = g.k / 128;
   // Activations decoded and scaled once, in the same permuted order: [kb][m][8 vectors].
   const size_t vecs = size_t(g.m * kbs * 8);
-  std::unique_ptr<__m512, decltype(&std::free)> act_buf(
-      static_cast<__m512*>(std::aligned_alloc(64, vecs * sizeof(__m512))), &std::free);
-  __m512* const act = act_buf.get();
+  std::unique_ptr<float, decltype(&std::free)> act_buf(
+      static_cast<float*>(std::aligned_alloc(64, vecs * sizeof(__m512))), &std::free);
+  __m512* const act = reinterpret_cast<__m512*>(act_buf.get());
   {
     const Decoder dec;
     const auto* a = static_cast<const uint8_t*>(g.a);
