@@ -1,5 +1,5 @@
-# Explicit stage (not in CI): every `deepinfer bench ...` command. `bench collectives` runs on
-# local and mpi at 2, 4 and 8 ranks (4 MiB per rank); every other bench runs with its defaults.
+# Explicit stage (not in CI): every `deepinfer bench ...` command. `bench collectives` (4 MiB per
+# rank) and `bench ep` run on local and mpi at 2, 4 and 8 ranks; every other bench with its defaults.
 # Each output line must be a benchmark-contract JSON object with "correct":true (where given).
 # The JSON lines are collected in $BUILD_DIR/stage-logs/bench/bench.jsonl.
 set -uo pipefail
@@ -40,10 +40,12 @@ run() {  # NAME -- COMMAND...
 for w in 2 4 8; do
   run "collectives local $w" -- "$DEEPINFER" bench collectives --comm local --world "$w"
   run "collectives mpi $w" -- "${MPIRUN[@]}" -np "$w" "$DEEPINFER" bench collectives --comm mpi
+  run "ep local $w" -- "$DEEPINFER" bench ep --comm local --world "$w"
+  run "ep mpi $w" -- "${MPIRUN[@]}" -np "$w" "$DEEPINFER" bench ep --comm mpi
 done
 # Every other bench command the CLI has (each registers itself under `bench`).
 for name in $("$DEEPINFER" bench --help 2>/dev/null | awk '/^Subcommands:/{s=1; next} s && /^  [a-z]/{print $1}'); do
-  [[ $name == collectives ]] && continue
+  [[ $name == collectives || $name == ep ]] && continue
   run "$name" -- "$DEEPINFER" bench "$name"
 done
 exit $failed
