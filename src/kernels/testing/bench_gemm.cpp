@@ -2,7 +2,8 @@
 // ratio to a limit measured in the same run and a correctness check against host:
 //  - gemm_fp8_decode (M = 1..8, K = 7168, N = 2048 / 7168): weight GB/s vs memcpy GB/s on a
 //    buffer of the weight's size (goal >= 0.6), and roofline_ratio: the time the slower of that
-//    bandwidth and the fp32 FMA peak allows over the time taken (M = 8 is compute-bound here).
+//    bandwidth and the fp32 FMA peak allows over the time taken, and speedup_vs_generic: the
+//    Highway kernel's time over the default (AVX512-VBMI) path's, both in this run.
 //  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
 //    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
 //  - quant_per_token: bytes moved vs memcpy.
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
 #include "kernels/testing/bench.h"
@@ -68,6 +70,15 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       const GemmFp8Params p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
                             .out = out.data(), .m = m, .n = n, .k = k};
       ScopedBackend use(KernelBackend::cpu);
+      // The generic Highway kernel first (a peer in the same run), then the default path
+      // (AVX512-VBMI where the CPU has it), whose output is checked.
+      for (bool vbmi : {false, true}) {  // untimed warm-up of both (page mapping, caches, clocks)
+        cpu::set_gemm_vbmi_enabled(vbmi);
+        for (int i = 0; i < 20; ++i) gemm_fp8(p);
+      }
+      cpu::set_gemm_vbmi_enabled(false);
+      const double s_generic = ctx.time([&] { gemm_fp8(p); }, 9, 0.3);
+      cpu::set_gemm_vbmi_enabled(true);
       const double s = ctx.time([&] { gemm_fp8(p); }, 9, 0.3);
       const CaseResult c = check_against_host(a, w, m, n, k, out, m, 512);
       failures += c.pass ? 0 : 1;
@@ -78,7 +89,9 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       BenchRecord r{.bench = "gemm_fp8_decode", .case_name = fmt::format("m={} n={} k={}", m, n, k), .seconds = s,
                     .bytes = wbytes, .flops = flops, .limit = "memcpy_gbps", .limit_value = limit,
                     .ratio = wbytes / s / 1e9 / limit, .correct = c.pass, .rel_err = c.max_rel_err,
-                    .extra = {{"fma_peak_gflops", ctx.fma_peak_gflops()}, {"roofline_ratio", roof_s / s}}};
+                    .extra = {{"fma_peak_gflops", ctx.fma_peak_gflops()},
+                              {"roofline_ratio", roof_s / s},
+                              {"speedup_vs_generic", s_generic / s}}};
       ctx.emit(r);
     }
   }
