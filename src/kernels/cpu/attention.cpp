@@ -113,6 +113,37 @@ HWY_INLINE void scores_tile(DF df, const float* qf, int64_t nr, const float* kf,
     const float* q2 = q1 + D;
     const float* q3 = q2 + D;
     int64_t t = 0;
+#if HWY_TARGET <= HWY_AVX3
+    // 4 rows x 4 keys (32 vector registers): 8 loads feed 16 FMAs, where 4 x 2 needs 6 for 8.
+    for (; t + 4 <= nt; t += 4) {
+      const float* k0 = kf + t * D;
+      const float* k1 = k0 + D;
+      const float* k2 = k1 + D;
+      const float* k3 = k2 + D;
+      decltype(hn::Zero(df)) acc[4][4];
+      for (auto& row : acc)
+        for (auto& v : row) v = hn::Zero(df);
+      for (int64_t c = 0; c < Dv; c += N) {
+        const auto x0 = hn::LoadU(df, q0 + c), x1 = hn::LoadU(df, q1 + c);
+        const auto x2 = hn::LoadU(df, q2 + c), x3 = hn::LoadU(df, q3 + c);
+        const auto y0 = hn::LoadU(df, k0 + c), y1 = hn::LoadU(df, k1 + c);
+        const auto y2 = hn::LoadU(df, k2 + c), y3 = hn::LoadU(df, k3 + c);
+        acc[0][0] = hn::MulAdd(x0, y0, acc[0][0]), acc[0][1] = hn::MulAdd(x0, y1, acc[0][1]);
+        acc[0][2] = hn::MulAdd(x0, y2, acc[0][2]), acc[0][3] = hn::MulAdd(x0, y3, acc[0][3]);
+        acc[1][0] = hn::MulAdd(x1, y0, acc[1][0]), acc[1][1] = hn::MulAdd(x1, y1, acc[1][1]);
+        acc[1][2] = hn::MulAdd(x1, y2, acc[1][2]), acc[1][3] = hn::MulAdd(x1, y3, acc[1][3]);
+        acc[2][0] = hn::MulAdd(x2, y0, acc[2][0]), acc[2][1] = hn::MulAdd(x2, y1, acc[2][1]);
+        acc[2][2] = hn::MulAdd(x2, y2, acc[2][2]), acc[2][3] = hn::MulAdd(x2, y3, acc[2][3]);
+        acc[3][0] = hn::MulAdd(x3, y0, acc[3][0]), acc[3][1] = hn::MulAdd(x3, y1, acc[3][1]);
+        acc[3][2] = hn::MulAdd(x3, y2, acc[3][2]), acc[3][3] = hn::MulAdd(x3, y3, acc[3][3]);
+      }
+      const float* qs[4] = {q0, q1, q2, q3};
+      const float* ks[4] = {k0, k1, k2, k3};
+      for (int i = 0; i < 4; ++i)
+        for (int u = 0; u < 4; ++u)
+          s[(r + i) * ld + t + u] = hn::GetLane(hn::SumOfLanes(df, acc[i][u])) + dot_tail(df, qs[i], ks[u], Dv, D);
+    }
+#endif
     for (; t + 2 <= nt; t += 2) {
       const float* ka = kf + t * D;
       const float* kb = ka + D;
