@@ -19,6 +19,8 @@ namespace deepinfer {
 namespace detail {
 // 64-byte aligned storage of at least `bytes`; large blocks are cached for reuse (host_memory.cpp).
 std::shared_ptr<std::byte> host_alloc(size_t bytes);
+// Bytes of released storage held for reuse (tests, diagnostics).
+size_t host_alloc_idle_bytes();
 }  // namespace detail
 
 class Tensor {

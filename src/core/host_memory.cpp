@@ -68,4 +68,10 @@ std::shared_ptr<std::byte> host_alloc(size_t bytes) {
   return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [cls](std::byte* q) { release(q, cls); });
 }
 
+size_t host_alloc_idle_bytes() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.idle_bytes;
+}
+
 }  // namespace deepinfer::detail

@@ -2,6 +2,7 @@
 #include <deepinfer/tensor.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -161,6 +162,37 @@ TEST(Tensor, DefaultIsUndefinedAndDimChecksRange) {
   EXPECT_ERROR_WITH(e.dim(2), "dim 2 out of range for a 2-d tensor");
   EXPECT_ERROR_WITH(e.dim(-3), "dim -3 out of range");
   EXPECT_ERROR_WITH(Tensor::empty(DType::f32, {4, -1}), "negative size");
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+namespace deepinfer {
+namespace {
+
+// Large storage goes back to a cache on release and the next tensor of its size class takes it
+// (no fresh pages to fault in); live tensors never share storage; every block is 64-byte aligned.
+TEST(TensorStorage, LargeBlocksAreReusedNotShared) {
+  const std::vector<int64_t> shape{1 << 20};  // 4 MiB of f32
+  Tensor a = Tensor::empty(DType::f32, shape);
+  Tensor b = Tensor::empty(DType::f32, shape);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.raw()) % 64, 0u);
+  EXPECT_NE(a.raw(), b.raw());
+  const size_t idle_live = detail::host_alloc_idle_bytes();
+  const void* released = a.raw();
+  a = Tensor();
+  const size_t idle_released = detail::host_alloc_idle_bytes();
+  EXPECT_GE(idle_released, idle_live + (size_t(4) << 20)) << "a released 4 MiB block was not kept";
+  std::fill_n(b.data<float>(), b.numel(), 1.0f);
+  Tensor c = Tensor::empty(DType::f32, shape);
+  EXPECT_EQ(c.raw(), released);
+  EXPECT_EQ(detail::host_alloc_idle_bytes(), idle_live) << "the reuse did not take the block from the cache";
+  // zeros() clears a reused block.
+  std::fill_n(c.data<float>(), c.numel(), 1.0f);
+  c = Tensor();
+  Tensor z = Tensor::zeros(DType::f32, shape);
+  const float* zp = z.data<float>();
+  EXPECT_EQ(std::count(zp, zp + z.numel(), 0.0f), z.numel());
 }
 
 }  // namespace
