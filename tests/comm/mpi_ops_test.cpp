@@ -3,6 +3,7 @@
 // point-to-point) exercised with small buffers by lowering the count limit.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "comm/mpi/mpi_group.h"
@@ -86,7 +87,7 @@ void check_all_ops(Group& g, size_t count) {
       ASSERT_EQ(dmin[i], -double(n - 1)) << i;
     }
   }
-  {  // reduce_scatter: exact values (MPI's order is its own, so only exactly summable inputs)
+  {  // reduce_scatter: exactly summable values (any addition order gives them)
     std::vector<float> send(count * size_t(n)), recv(count, -1);
     for (int b = 0; b < n; ++b)
       for (size_t i = 0; i < count; ++i)
@@ -129,6 +130,35 @@ void check_all_ops(Group& g, size_t count) {
       EXPECT_TRUE(std::equal(want.begin(), want.end(), recv.begin() + std::ptrdiff_t(off * 4)))
           << "a2av from " << r;
       off += rc[size_t(r)];
+    }
+  }
+  {  // all_to_all_v_rows: 12-byte rows picked in reversed order from a base; same splits as above
+    auto split = [&](int i, int j) { return size_t((i + 2 * j) % 4) * count; };
+    constexpr size_t kRow = 12;
+    std::vector<int64_t> offsets(static_cast<size_t>(n) + 1, 0);
+    std::vector<size_t> rr(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      offsets[size_t(j) + 1] = offsets[size_t(j)] + int64_t(split(me, j));
+      rr[size_t(j)] = split(j, me);
+    }
+    const size_t rows_out = size_t(offsets.back());
+    std::vector<std::byte> packed(rows_out * kRow), base(rows_out * kRow + kRow);
+    for (int j = 0; j < n; ++j)
+      test::fill_payload(packed.data() + size_t(offsets[size_t(j)]) * kRow, split(me, j) * kRow, 1, uint64_t(me),
+                         uint64_t(j) + 100);
+    std::vector<int64_t> rows(rows_out);
+    for (size_t q = 0; q < rows_out; ++q) {
+      rows[q] = int64_t(rows_out - q);  // base row 0 is never sent
+      std::memcpy(base.data() + size_t(rows[q]) * kRow, packed.data() + q * kRow, kRow);
+    }
+    std::vector<std::byte> recv(std::accumulate(rr.begin(), rr.end(), size_t(0)) * kRow);
+    g.all_to_all_v_rows(base.data(), kRow, rows, offsets, recv.data(), rr);
+    size_t off = 0;
+    for (int r = 0; r < n; ++r) {
+      const auto want = payload(rr[size_t(r)] * kRow, 1, uint64_t(r), uint64_t(me) + 100);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), recv.begin() + std::ptrdiff_t(off)))
+          << "a2av rows from " << r;
+      off += rr[size_t(r)] * kRow;
     }
   }
   for (int root : {0, n - 1}) {  // broadcast
