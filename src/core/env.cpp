@@ -32,7 +32,7 @@ constexpr std::array<KnobDoc, 12> kKnobDocs{{
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
-    {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel thread-pool size; 0 = all hardware threads"},
+    {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
     {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",
      "inject a named fault, for testing error paths"},
     {"DEEPINFER_CAPABILITIES", "file path", "(none)",

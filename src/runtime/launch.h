@@ -29,6 +29,10 @@ struct RankContext {
   std::shared_ptr<const model::ModelWeights> weights;
 };
 
+// Runs fn on every rank with that rank's kernel pool installed (kernel_threads_per_rank).
 void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(RankContext&)>& fn);
+
+// Kernel threads for one rank (collective under mpi).
+int kernel_threads_per_rank(Group& group, CommKind comm);
 
 }  // namespace deepinfer::runtime

@@ -8,10 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <algorithm>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/env.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
 
@@ -68,6 +71,32 @@ TEST(Engine, GreedyAtEp2MatchesGoldenStopsAndIdleRankJoins) {
   while (gen1[first] != gen1[3]) ++first;
   EXPECT_EQ(all[1].tokens, std::vector<int32_t>(gen1.begin(), gen1.begin() + int64_t(first) + 1));
   EXPECT_EQ(all[1].finish_reason, "stop");
+}
+
+}  // namespace
+}  // namespace deepinfer::runtime
+
+namespace deepinfer::runtime {
+namespace {
+
+// Rank threads of one process share its cores: each gets the process's threads / ranks (at least
+// one), so W pools never oversubscribe the machine W times over.
+TEST(Launch, LocalRanksSplitTheKernelThreads) {
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int total = knobs().threads > 0 ? knobs().threads : hw;
+  for (int world : {1, 2, 3}) {
+    std::mutex mu;
+    std::vector<int> got;
+    LaunchOptions lo;
+    lo.world = world;
+    run_ranks(lo, [&](Group& g) {
+      const int n = kernel_threads_per_rank(g, CommKind::local);
+      std::lock_guard<std::mutex> lock(mu);
+      got.push_back(n);
+    });
+    ASSERT_EQ(int(got.size()), world);
+    for (int n : got) EXPECT_EQ(n, std::max(1, total / world)) << "world " << world;
+  }
 }
 
 }  // namespace
