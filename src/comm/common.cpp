@@ -81,14 +81,19 @@ double resolve_timeout(double launch_timeout_s) {
 }  // namespace deepinfer::comm
 
 namespace deepinfer {
+namespace comm {
+void check_rows_args(size_t world, size_t offsets, size_t recv_rows) {
+  DI_CHECK(offsets == world + 1 && recv_rows == world,
+           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})", offsets, recv_rows,
+           world, world + 1, world);
+}
+}  // namespace comm
 
 // Group::all_to_all_v_rows for backends that cannot send from rows: pack, then all_to_all_v.
 void Group::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
                               std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {
   const size_t n = size_t(size());
-  DI_CHECK(offsets.size() == n + 1 && recv_rows.size() == n,
-           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})", offsets.size(),
-           recv_rows.size(), n, n + 1, n);
+  comm::check_rows_args(n, offsets.size(), recv_rows.size());
   thread_local std::vector<std::byte> packed;  // reused: a fresh big buffer faults on every page
   packed.resize(std::max<size_t>(1, size_t(offsets[n]) * row_bytes));
   const auto* src = static_cast<const std::byte*>(base);

@@ -38,6 +38,9 @@ enum class OpKind : uint8_t {
 };
 
 std::string_view op_name(OpKind op);
+
+// all_to_all_v_rows arguments: offsets [world + 1], recv_rows [world]; an Error otherwise.
+void check_rows_args(size_t world, size_t offsets, size_t recv_rows);
 std::string_view reduce_op_name(ReduceOp op);
 
 // What one rank asked for; two ranks in the same collective must agree on all of it.

@@ -24,8 +24,7 @@ using ep::RecordLayout;
 
 namespace {
 
-// -0 -> +0 before transport, so a sum with zeros from other ranks is exact (DESIGN §4).
-inline float canon(float v) { return v == 0.0f ? 0.0f : v; }
+using ep::rows::canon;
 
 // A received row and where it came from: its x bytes and its other fields (scales, weights,
 // idx at the RecordLayout's offsets from meta), one record or two separate places.
@@ -525,7 +524,6 @@ struct EPBuffer::Impl {
     if (comb_send.size() < size_t(n_send) * rec) comb_send.resize(size_t(n_send) * rec);
     if (comb_recv.size() < size_t(n_recv) * rec) comb_recv.resize(size_t(n_recv) * rec);
     std::byte* sp = comb_send.data();
-    if (acc.size() < size_t(hd)) acc.resize(size_t(hd));
     for (int64_t i = 0; i < h.num_recv; ++i) {  // rows are grouped by source rank, ascending
       if (exact) {
         for (int j = 0; j < k; ++j) {

@@ -15,7 +15,6 @@
 namespace deepinfer::ep::rows {
 namespace {
 inline float from_bits(uint16_t b) { return bf16_to_f32(bf16{b}); }
-inline float canon(float v) { return v == 0.0f ? 0.0f : v; }
 // f32_to_bf16 (dtype.h) written as selects, so the loops around it vectorise.
 inline uint32_t bf16_bits(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);

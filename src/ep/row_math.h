@@ -8,6 +8,9 @@
 
 namespace deepinfer::ep::rows {
 
+// -0 -> +0 before transport, so a sum with zeros from other ranks is exact (DESIGN §4).
+inline float canon(float v) { return v == 0.0f ? 0.0f : v; }
+
 // s[c] = ((0 + w[0]·y[0][c]) + w[1]·y[1][c]) + ... in f32 (w null: unit weights, the products
 // are then exact), rounded to bf16 (nearest even); canon: -0 -> +0 after rounding. One pass over
 // the m rows, written as bf16 bits (out_bits) and/or as their f32 values (out_f32).

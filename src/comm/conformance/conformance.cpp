@@ -185,6 +185,17 @@ size_t a2av_count(Split sp, int s, int d, size_t u) {
   return 0;
 }
 
+// The most elements any rank receives in all_to_all_v with unit u.
+size_t a2av_max_recv(Split sp, int world, size_t u) {
+  size_t best = 0;
+  for (int d = 0; d < world; ++d) {
+    size_t t = 0;
+    for (int s = 0; s < world; ++s) t += a2av_count(sp, s, d, u);
+    best = std::max(best, t);
+  }
+  return best;
+}
+
 // Elements rank r contributes to all_gather_v.
 size_t agv_count(Split sp, int r, size_t u) {
   const size_t uneven = u * size_t(1 + r % 4) + size_t(r % 2);
@@ -515,15 +526,7 @@ void Suite::op_all_to_all_v() {
       if (sp == Split::zero) units = {{"0", 1}};
       else if (large_move(OpClass::vmove, dt, opts_.coverage)) {
         // The smallest unit that gives some rank >= kLargeBytes of output.
-        auto max_recv = [&](size_t u) {
-          size_t best = 0;
-          for (int d = 0; d < world_; ++d) {
-            size_t t = 0;
-            for (int s = 0; s < world_; ++s) t += a2av_count(sp, s, d, u);
-            best = std::max(best, t);
-          }
-          return best * es;
-        };
+        auto max_recv = [&](size_t u) { return a2av_max_recv(sp, world_, u) * es; };
         if (max_recv(1) > 0) {  // (at 1 rank, `empty-peers` sends nothing at all)
           size_t u = std::max<size_t>(1, kLargeBytes / max_recv(1));
           while (max_recv(u) < kLargeBytes) u += u / 8 + 1;
@@ -532,16 +535,12 @@ void Suite::op_all_to_all_v() {
       }
       for (const auto& [size, u] : units) {
         std::vector<size_t> send_counts(static_cast<size_t>(world_)), recv_counts(static_cast<size_t>(world_));
-        size_t send_total = 0, recv_total = 0, max_total = 0;
+        size_t send_total = 0, recv_total = 0;
         for (int p = 0; p < world_; ++p) {
           send_total += send_counts[size_t(p)] = a2av_count(sp, me_, p, u);
           recv_total += recv_counts[size_t(p)] = a2av_count(sp, p, me_, u);
         }
-        for (int d = 0; d < world_; ++d) {
-          size_t t = 0;
-          for (int s = 0; s < world_; ++s) t += a2av_count(sp, s, d, u);
-          max_total = std::max(max_total, t);
-        }
+        const size_t max_total = a2av_max_recv(sp, world_, u);
         begin("all_to_all_v", std::string(dtype_name(dt)), std::string(split_name(sp)), size, max_total);
         const uint64_t salt = next_salt();
         SendBuffer send(send_arena_, copy_arena_, send_total * es);
@@ -577,18 +576,14 @@ void Suite::op_all_to_all_v_rows() {
       std::vector<int64_t> offsets(static_cast<size_t>(world_) + 1, 0);
       std::vector<size_t> recv_rows(static_cast<size_t>(world_)), send_bytes(static_cast<size_t>(world_)),
           recv_bytes(static_cast<size_t>(world_));
-      size_t recv_total = 0, max_total = 0;
+      size_t recv_total = 0;
       for (int p = 0; p < world_; ++p) {
         offsets[size_t(p) + 1] = offsets[size_t(p)] + int64_t(a2av_count(sp, me_, p, u));
         send_bytes[size_t(p)] = a2av_count(sp, me_, p, u) * kRowBytes;
         recv_total += recv_rows[size_t(p)] = a2av_count(sp, p, me_, u);
         recv_bytes[size_t(p)] = recv_rows[size_t(p)] * kRowBytes;
       }
-      for (int d = 0; d < world_; ++d) {
-        size_t t = 0;
-        for (int q = 0; q < world_; ++q) t += a2av_count(sp, q, d, u);
-        max_total = std::max(max_total, t * kRowBytes);
-      }
+      const size_t max_total = a2av_max_recv(sp, world_, u) * kRowBytes;
       begin("all_to_all_v_rows", "u8", fmt::format("{} {}B rows", split_name(sp), kRowBytes),
             fmt::format("{}", u), max_total);
       const uint64_t salt = next_salt();

@@ -356,9 +356,7 @@ void LocalGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span
                                    std::span<const int64_t> offsets, void* recv,
                                    std::span<const size_t> recv_rows) {
   const int n = size();
-  DI_CHECK(offsets.size() == size_t(n) + 1 && recv_rows.size() == size_t(n),
-           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})",
-           offsets.size(), recv_rows.size(), n, n + 1, n);
+  check_rows_args(size_t(n), offsets.size(), recv_rows.size());
   row_send_bytes_.resize(size_t(n));
   for (int r = 0; r < n; ++r) row_send_bytes_[size_t(r)] = size_t(offsets[size_t(r) + 1] - offsets[size_t(r)]) * row_bytes;
   std::vector<size_t> recv_bytes(static_cast<size_t>(n));

@@ -413,9 +413,7 @@ void MpiGroup::all_to_all_v(const void* send, std::span<const size_t> send_count
 void MpiGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
                                  std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {
   const size_t n = size_t(size_);
-  DI_CHECK(offsets.size() == n + 1 && recv_rows.size() == n,
-           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})", offsets.size(),
-           recv_rows.size(), n, n + 1, n);
+  check_rows_args(n, offsets.size(), recv_rows.size());
   const size_t st = size_t(offsets[n]) * row_bytes;
   size_t rt = 0;
   for (size_t r : recv_rows) rt += r * row_bytes;
