@@ -16,7 +16,7 @@ namespace deepinfer {
 namespace {
 
 // The single table of knobs: the parser, the unknown-name check and the docs all read it.
-constexpr std::array<KnobDoc, 12> kKnobDocs{{
+constexpr std::array<KnobDoc, 13> kKnobDocs{{
     {"DEEPINFER_COMM", "local, mpi", "local",
      "collective backend: `local` = one thread per rank, `mpi` = one process per rank (mpirun)"},
     {"DEEPINFER_COMM_TIMEOUT_S", "number > 0", "60",
@@ -32,6 +32,8 @@ constexpr std::array<KnobDoc, 12> kKnobDocs{{
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
+    {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
+     "cpu kernels: keep a decode-ordered copy of each fp8 weight (+1 byte per weight) for faster decode GEMMs"},
     {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
     {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",
      "inject a named fault, for testing error paths"},
@@ -158,6 +160,8 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
   if (auto v = get("DEEPINFER_KERNELS"))
     k.kernels = parse_enum<KernelBackend, 2>(
         "DEEPINFER_KERNELS", *v, {{{"host", KernelBackend::host}, {"cpu", KernelBackend::cpu}}});
+  if (auto v = get("DEEPINFER_DECODE_LAYOUT"))
+    k.decode_layout = parse_enum<bool, 2>("DEEPINFER_DECODE_LAYOUT", *v, {{{"on", true}, {"off", false}}});
   if (auto v = get("DEEPINFER_THREADS")) {
     if (v->find_first_not_of("0123456789") != std::string::npos) invalid("DEEPINFER_THREADS", *v);
     const uint64_t t = parse_size("DEEPINFER_THREADS", *v);

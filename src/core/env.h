@@ -29,6 +29,7 @@ struct Knobs {
   size_t ep_chunk_bytes = 64ull << 20;     // DEEPINFER_EP_CHUNK_BYTES (>= 4096)
   CombineMode ep_combine = CombineMode::exact;  // DEEPINFER_EP_COMBINE = exact|fast
   KernelBackend kernels = KernelBackend::cpu;   // DEEPINFER_KERNELS = host|cpu
+  bool decode_layout = true;               // DEEPINFER_DECODE_LAYOUT = on|off
   int threads = 0;                         // DEEPINFER_THREADS (0 = hardware threads)
   std::string fault;                       // DEEPINFER_FAULT (e.g. kernel:<op>:<call>)
   std::string capabilities_file;           // DEEPINFER_CAPABILITIES

@@ -172,6 +172,7 @@ struct DeepseekModel::Impl {
       p.a_scales = s;
       p.w = l.w_fp8;
       p.w_scales = l.w_scale;
+      p.w_decode = l.w_decode;
       p.out = out;
       p.m = T;
       p.n = l.out;

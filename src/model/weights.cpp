@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/log.h"
+#include "kernels/gemm.h"
 #include "kernels/quant.h"
 
 namespace deepinfer::model {
@@ -47,6 +48,7 @@ class Loader {
     } else {
       DI_FAIL("tensor {} must be F8_E4M3 (+ weight_scale_inv) or BF16", w.describe());
     }
+    if (opts_.decode_layout && l.fp8()) attach_decode_layout(l);
     return l;
   }
 
@@ -54,6 +56,16 @@ class Loader {
     const int64_t h = cfg_.hidden_size;
     return Mlp{linear(prefix + ".gate_proj", inter, h), linear(prefix + ".up_proj", inter, h),
                linear(prefix + ".down_proj", h, inter)};
+  }
+
+  // A second copy of the codes in the order the cpu decode GEMM reads (none where the CPU has no
+  // such kernel): decode GEMMs run about 2-3x faster for +1 byte per fp8 weight.
+  static void attach_decode_layout(Linear& l) {
+    const size_t bytes = kernels::decode_layout_bytes(l.out, l.in);
+    if (bytes == 0) return;
+    l.owned_decode = Tensor::empty(DType::u8, {int64_t(bytes)});
+    kernels::pack_decode_layout(l.w_fp8, l.out, l.in, l.owned_decode.data<uint8_t>());
+    l.w_decode = l.owned_decode.data<uint8_t>();
   }
 
   static void dequantize(Linear& l) {

@@ -27,7 +27,9 @@ struct Linear {
   const fp8_e4m3* w_fp8 = nullptr;  // [out, in]
   const float* w_scale = nullptr;   // [ceil(out/128), ceil(in/128)] multipliers: W = q·S
   const bf16* w_bf16 = nullptr;     // [out, in]
+  const uint8_t* w_decode = nullptr;  // w_fp8 in the cpu decode layout (kernels::pack_decode_layout), or null
   Tensor owned_w, owned_scale;      // storage when converted at load
+  Tensor owned_decode;              // storage of w_decode
   bool fp8() const { return w_fp8 != nullptr; }
   size_t weight_bytes() const;      // bytes read per use (weights + scales)
 };
@@ -62,6 +64,7 @@ struct LoadOptions {
   GemmMode gemm = GemmMode::fp8;
   bool quantize_fp8 = false;  // BF16 linears -> FP8 128×128 blocks at load
   bool progress = false;      // progress bar on stderr
+  bool decode_layout = false;  // fp8 linears also get the cpu decode layout (DEEPINFER_DECODE_LAYOUT)
 };
 
 struct ModelWeights {

@@ -57,6 +57,7 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
     ld.ep_size = group.size();
     ld.gemm = opts.gemm;
     ld.quantize_fp8 = opts.quantize_fp8;
+    ld.decode_layout = knobs().decode_layout && knobs().kernels == KernelBackend::cpu;
     ld.progress = opts.progress && group.rank() == 0 && isatty(STDERR_FILENO);
     RankContext ctx{group, model::load_weights(checkpoint, cfg, ld)};
     fn(ctx);

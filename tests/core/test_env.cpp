@@ -44,6 +44,9 @@ TEST(Env, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(k.ep_combine, CombineMode::exact);
   EXPECT_EQ(k.kernels, KernelBackend::cpu);
   EXPECT_EQ(k.threads, 0);
+  EXPECT_TRUE(k.decode_layout);
+  EXPECT_FALSE(parse({{"DEEPINFER_DECODE_LAYOUT", "off"}}).decode_layout);
+  EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
   EXPECT_EQ(k.fault, "");
   EXPECT_EQ(k.capabilities_file, "");
   EXPECT_EQ(k.log_level, "info");
@@ -131,6 +134,7 @@ TEST(Env, EveryKnobRejectsInvalidValues) {
          "17179869184G", " 4096"}}},
       {"DEEPINFER_EP_COMBINE", {"exact, fast", {"EXACT", "approx"}}},
       {"DEEPINFER_KERNELS", {"host, cpu", {"cuda", "CPU", "reference"}}},
+      {"DEEPINFER_DECODE_LAYOUT", {"on, off", {"ON", "1", "true", "yes"}}},
       {"DEEPINFER_THREADS", {"integer >= 0", {"-1", "two", "1.5", "4K", "100000", "+2"}}},
       {"DEEPINFER_LOG", {"debug, info, warn, error", {"warning", "INFO", "trace", "0"}}},
   };
@@ -158,7 +162,7 @@ TEST(Env, KnobDocsListExactlyTheKnobsTheParserReads) {
     EXPECT_NE(std::string(d.meaning), "") << d.name;
   }
   EXPECT_EQ(read, documented);
-  EXPECT_EQ(documented.size(), 12u);
+  EXPECT_EQ(documented.size(), 13u);
 }
 
 TEST(Env, UnknownDeepinferVariablesAreRejected) {

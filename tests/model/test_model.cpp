@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/deepseek.h"
 #include "model/kv_cache.h"
@@ -131,11 +132,19 @@ TEST(Forward, PrefillMatchesGoldenAndChunkedPrefillMatchesOneShot) {
       ASSERT_EQ(out.logits.dim(0), T);
       one.assign(out.logits.data<float>(), out.logits.data<float>() + T * V);
     }
-    PagedKvCache cache(m.kv_cache_config(4));
+    // Chunks of 5 rows run the decode GEMMs; this model also has the cpu decode layout (where the
+    // CPU has one), as the runtime loads it.
+    LoadOptions with_layout;
+    with_layout.decode_layout = true;
+    auto wl = load_weights(std::make_shared<const Checkpoint>(kTiny), cfg, with_layout);
+    const Linear& o_proj = wl->layers[0].o;
+    EXPECT_EQ(o_proj.w_decode != nullptr, o_proj.fp8() && kernels::decode_layout_bytes(o_proj.out, o_proj.in) > 0);
+    DeepseekModel ml(wl, group, {});
+    PagedKvCache cache(ml.kv_cache_config(4));
     const int64_t s = cache.add_sequence();
     for (int64_t p = 0; p < T; p += 5) {
       const int64_t n = std::min<int64_t>(5, T - p);
-      auto out = m.forward({{s, g.ids.data() + p, n, p, true}}, cache);
+      auto out = ml.forward({{s, g.ids.data() + p, n, p, true}}, cache);
       chunked.insert(chunked.end(), out.logits.data<float>(), out.logits.data<float>() + n * V);
     }
   });

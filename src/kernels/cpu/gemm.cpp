@@ -270,7 +270,7 @@ void zero_rows(bf16* out, int64_t rows, int64_t n) {
 }  // namespace
 
 void gemm_fp8(const GemmFp8Params& p) {
-  run({p.a, p.a_scales, p.w, p.w_scales, p.out, p.out_f32, p.m, p.n, p.k, false});
+  run({p.a, p.a_scales, p.w, p.w_scales, p.out, p.out_f32, p.m, p.n, p.k, false, p.w_decode});
 }
 
 void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p) {

@@ -16,13 +16,18 @@ struct GemmArgs {
   float* out_f32;           // [m, n] or null
   int64_t m, n, k;
   bool bf16_inputs;
+  const uint8_t* w_decode = nullptr;  // w in the decode layout, or null
 };
 constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
 
-// fp8 decode GEMM (m <= kSmallM) on CPUs with AVX512-VBMI (Ice Lake+, Zen 4+): returns false,
-// doing nothing, where the CPU or the shape (k % 128) does not fit.
+// fp8 decode GEMM (m <= kSmallM) on CPUs with AVX512-VBMI (Ice Lake+, Zen 4+), from the decode
+// layout where g.w_decode is set and the CPU has AVX512-BF16: returns false, doing nothing, where
+// the CPU or the shape (k % 128) does not fit.
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g);
-// Off: the generic Highway kernel serves decode shapes too (the harness checks both paths).
-void set_gemm_vbmi_enabled(bool on);
+// Which decode kernel serves m <= kSmallM (the harness and the bench check each of them):
+// automatic = the decode layout where given, else VBMI rows, else Highway; rows = VBMI rows even
+// where a decode layout is given; generic = the Highway kernel.
+enum class DecodeGemm { automatic, rows, generic };
+void set_decode_gemm(DecodeGemm k);
 
 }  // namespace deepinfer::kernels::cpu

@@ -1,5 +1,10 @@
-// fp8 decode GEMM on AVX512-VBMI. Decode (M <= 8) streams the weights once, so the per-byte decode
-// cost decides the speed: an e4m3 code becomes bf16 (exact: 4 exponent and 3 mantissa bits fit)
+// fp8 decode GEMMs (M <= 8) on AVX512-VBMI, two of them:
+//  - the decode layout (AVX512-BF16 too): the weight re-ordered at load so 64 bytes hold 16 output
+//    columns × 4 K (`pack_decode_layout`). A vector lane is an output column, so BF16 dot products
+//    (VDPBF16PS, 32 products per instruction) against one broadcast activation pair accumulate
+//    straight into the outputs: no horizontal sums, and each broadcast feeds two 16-column groups.
+//  - the checkpoint's row layout, f32 FMAs over 128-wide K blocks, described next.
+// Decode streams the weights once, so the per-byte decode cost decides the speed: an e4m3 code becomes bf16 (exact: 4 exponent and 3 mantissa bits fit)
 // through two 128-entry byte lookups (VPERMI2B, the low and high byte of the code), 64 codes at a
 // time, and f32 by moving the bf16 bits up (an interleave with zeros). The interleaves permute
 // positions within each 64-code group; activations go through the same decode, so products pair
@@ -12,9 +17,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <vector>
+
+#include <deepinfer/error.h>
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/gemm_args.h"
+#include "kernels/gemm.h"
 #include "kernels/registry.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -24,6 +33,7 @@ namespace deepinfer::kernels::cpu {
 namespace {
 
 #define DI_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+#define DI_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16")))
 
 // bf16 code of each e4m3 magnitude (0..127); 0x7f, NaN, decodes as 480 like the generic decoder.
 struct Tables {
@@ -40,6 +50,21 @@ struct Tables {
 const Tables& tables() {
   static const Tables t;
   return t;
+}
+
+// f.template operator()<MM>() with MM = m, for m in 1..kSmallM (kernels are unrolled over rows).
+template <class F>
+void with_rows(int64_t m, F&& f) {
+  switch (m) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 7: f.template operator()<7>(); break;
+    default: f.template operator()<8>(); break;
+  }
 }
 
 // Sum of the 16 lanes (not _mm512_reduce_add_ps: GCC 12 warns inside it under -Werror).
@@ -60,6 +85,15 @@ struct Decoder {
     hi0 = _mm512_load_si512(t.hi.data());
     hi1 = _mm512_load_si512(t.hi.data() + 64);
     sign = _mm512_set1_epi8(char(0x80));
+  }
+  // 64 e4m3 codes -> bf16 of codes [16q, 16q+8) in b0 and [16q+8, 16q+16) in b1, q = 0..3 (the
+  // in-lane interleave; the decode layout puts its codes where these land).
+  DI_VBMI_TARGET inline void decode_bf16(const uint8_t* p, __m512i& b0, __m512i& b1) const {
+    const __m512i codes = _mm512_loadu_si512(p);
+    const __m512i lo = _mm512_permutex2var_epi8(lo0, codes, lo1);
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, codes, hi1), codes, sign, 0xF8);
+    b0 = _mm512_unpacklo_epi8(lo, hi);
+    b1 = _mm512_unpackhi_epi8(lo, hi);
   }
   // 64 e4m3 codes -> 4 vectors of 16 f32 (exact; a fixed permutation of the 64 positions).
   DI_VBMI_TARGET inline void decode(const uint8_t* p, __m512* out) const {
@@ -124,6 +158,116 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
   }
 }
 
+
+// ---- decode layout -------------------------------------------------------------------------------
+// Panel = 32 output columns (two groups of 16), all of K. In a panel, group g's chunk c (64 bytes)
+// holds K [4c, 4c+4) of its 16 columns: byte 16·(i/4) + 2·(i%4) + e is column i at K 4c + e, and
+// 8 bytes further at K 4c + 2 + e, so that decode_bf16 gives lane i the K pairs (4c, 4c+1) in b0
+// and (4c+2, 4c+3) in b1. Columns past n are zero codes. Panels are contiguous: [panel][g][chunk].
+constexpr int64_t kPanel = 32;
+inline size_t panel_bytes(int64_t k) { return size_t(kPanel * k); }
+
+void pack_panel(const uint8_t* w, int64_t n, int64_t k, int64_t panel, uint8_t* out) {
+  for (int64_t g = 0; g < 2; ++g)
+    for (int64_t c = 0; c < k / 4; ++c) {
+      uint8_t* o = out + size_t((g * (k / 4) + c) * 64);
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t col = panel * kPanel + g * 16 + i;
+        for (int64_t e = 0; e < 4; ++e) {
+          const size_t at = size_t(16 * (i / 4) + 2 * (i % 4) + (e & 1) + (e >> 1) * 8);
+          o[at] = col < n ? w[size_t(col) * size_t(k) + size_t(4 * c + e)] : uint8_t{0};
+        }
+      }
+    }
+}
+
+// Activations as bf16 pairs (exact), [m][k] in K order: 32-bit word i of a row is K (2i, 2i+1).
+DI_VBMI_TARGET void ActivationsBf16(const GemmArgs& g, uint16_t* out) {
+  const Decoder dec;
+  const auto* a = static_cast<const uint8_t*>(g.a);
+  __m512i interleave[2];
+  {
+    alignas(64) uint8_t idx[2][64];
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 32; ++j) {
+        idx[h][2 * j] = uint8_t(32 * h + j);
+        idx[h][2 * j + 1] = uint8_t(64 + 32 * h + j);
+      }
+    interleave[0] = _mm512_load_si512(idx[0]);
+    interleave[1] = _mm512_load_si512(idx[1]);
+  }
+  for (int64_t i = 0; i < g.m * g.k; i += 64) {  // k % 128 == 0: whole vectors
+    const __m512i codes = _mm512_loadu_si512(a + i);
+    const __m512i lo = _mm512_permutex2var_epi8(dec.lo0, codes, dec.lo1);
+    const __m512i hi =
+        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(dec.hi0, codes, dec.hi1), codes, dec.sign, 0xF8);
+    for (int h = 0; h < 2; ++h)  // bytes (lo[j], hi[j]) for j in [32h, 32h + 32): K order
+      _mm512_storeu_si512(out + i + 32 * h, _mm512_permutex2var_epi8(lo, interleave[h], hi));
+  }
+}
+
+template <int MM>
+DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p0, int64_t p1) {
+  const Decoder dec;
+  const int64_t K = g.k, kbs = K / 128, chunks = K / 4;
+  for (int64_t panel = p0; panel < p1; ++panel) {
+    alignas(64) __m512 acc[2][MM];
+    for (int r = 0; r < MM; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+    const uint8_t* w0 = g.w_decode + size_t(panel) * panel_bytes(K);
+    const uint8_t* w1 = w0 + size_t(chunks * 64);
+    const float* sw = g.w_scales + (panel * kPanel / 128) * kbs;  // 128 % 32 == 0: one scale row
+    for (int64_t kb = 0; kb < kbs; ++kb) {
+      __m512 part0[MM], part1[MM];
+#pragma GCC unroll 8
+      for (int r = 0; r < MM; ++r) part0[r] = part1[r] = _mm512_setzero_ps();
+      const uint32_t* ab = reinterpret_cast<const uint32_t*>(act) + kb * 64;  // 64 pairs per block
+      for (int64_t c = 0; c < 32; ++c, w0 += 64, w1 += 64) {
+        __m512i x0, x1, y0, y1;
+        dec.decode_bf16(w0, x0, x1);
+        dec.decode_bf16(w1, y0, y1);
+#pragma GCC unroll 8
+        for (int r = 0; r < MM; ++r) {
+          const uint32_t* ar = ab + r * (K / 2) + 2 * c;
+          const __m512bh a0 = (__m512bh)_mm512_set1_epi32(int(ar[0]));
+          const __m512bh a1 = (__m512bh)_mm512_set1_epi32(int(ar[1]));
+          part0[r] = _mm512_dpbf16_ps(part0[r], a0, (__m512bh)x0);
+          part1[r] = _mm512_dpbf16_ps(part1[r], a0, (__m512bh)y0);
+          part0[r] = _mm512_dpbf16_ps(part0[r], a1, (__m512bh)x1);
+          part1[r] = _mm512_dpbf16_ps(part1[r], a1, (__m512bh)y1);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MM; ++r) {
+        const __m512 s = _mm512_set1_ps(g.a_scales[r * kbs + kb] * sw[kb]);
+        acc[0][r] = _mm512_fmadd_ps(part0[r], s, acc[0][r]);
+        acc[1][r] = _mm512_fmadd_ps(part1[r], s, acc[1][r]);
+      }
+    }
+    const int64_t j0 = panel * kPanel, nj = std::min(kPanel, g.n - j0);
+    for (int r = 0; r < MM; ++r) {
+      alignas(64) float v[kPanel];
+      _mm512_store_ps(v, acc[0][r]);
+      _mm512_store_ps(v + 16, acc[1][r]);
+      for (int64_t c = 0; c < nj; ++c) {
+        if (g.out) g.out[r * g.n + j0 + c] = f32_to_bf16(v[c]);
+        else g.out_f32[r * g.n + j0 + c] = v[c];
+      }
+    }
+  }
+}
+
+DI_BF16_TARGET void RunDecodeLayout(const GemmArgs& g) {
+  thread_local std::vector<uint16_t> act;
+  act.resize(size_t(g.m * g.k));
+  ActivationsBf16(g, act.data());
+  const uint16_t* a = act.data();
+  auto body = [&](int64_t p0, int64_t p1) {
+    with_rows(g.m, [&]<int MM>() { PanelRange<MM>(g, a, p0, p1); });
+  };
+  const int64_t panels = (g.n + kPanel - 1) / kPanel, threads = kernel_pool().num_threads();
+  kernel_pool().parallel_for(panels, std::max<int64_t>(1, panels / (4 * threads)), body);
+}
+
 DI_VBMI_TARGET void Run(const GemmArgs& g) {
   const int64_t kbs = g.k / 128;
   // Activations decoded and scaled once, in the same permuted order: [kb][m][8 vectors].
@@ -142,16 +286,7 @@ DI_VBMI_TARGET void Run(const GemmArgs& g) {
       }
   }
   auto body = [&](int64_t j0, int64_t j1) {
-    switch (g.m) {
-      case 1: Range<1>(g, act, j0, j1); break;
-      case 2: Range<2>(g, act, j0, j1); break;
-      case 3: Range<3>(g, act, j0, j1); break;
-      case 4: Range<4>(g, act, j0, j1); break;
-      case 5: Range<5>(g, act, j0, j1); break;
-      case 6: Range<6>(g, act, j0, j1); break;
-      case 7: Range<7>(g, act, j0, j1); break;
-      default: Range<8>(g, act, j0, j1); break;
-    }
+    with_rows(g.m, [&]<int MM>() { Range<MM>(g, act, j0, j1); });
   };
   const int64_t threads = kernel_pool().num_threads();
   const int64_t grain = std::max<int64_t>(16, g.n / (4 * threads)) / kJT * kJT;
@@ -163,25 +298,55 @@ bool cpu_has_vbmi() {
                          __builtin_cpu_supports("avx512vbmi");
   return ok;
 }
+bool cpu_has_bf16_dot() {
+  static const bool ok = cpu_has_vbmi() && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
 }  // namespace
 
-std::atomic<bool> g_vbmi_enabled{true};
-
-void set_gemm_vbmi_enabled(bool on) { g_vbmi_enabled = on; }
+void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
-  if (!g_vbmi_enabled || g.bf16_inputs || g.m < 1 || g.m > kSmallM || g.k % 128 != 0 || !g.a_scales || !g.w_scales) return false;
-  if (!cpu_has_vbmi()) return false;
-  Run(g);
+  if (g.bf16_inputs || g.m < 1 || g.m > kSmallM || g.k % 128 != 0 || !g.a_scales || !g.w_scales) return false;
+  const DecodeGemm mode = g_decode_gemm;
+  if (mode == DecodeGemm::generic || !cpu_has_vbmi()) return false;
+  if (mode == DecodeGemm::automatic && g.w_decode && cpu_has_bf16_dot()) RunDecodeLayout(g);
+  else Run(g);
   return true;
 }
 
 }  // namespace deepinfer::kernels::cpu
 
+namespace deepinfer::kernels {
+
+size_t decode_layout_bytes(int64_t n, int64_t k) {
+  if (n <= 0 || k <= 0 || k % 128 != 0 || !cpu::cpu_has_bf16_dot()) return 0;
+  return size_t((n + cpu::kPanel - 1) / cpu::kPanel) * cpu::panel_bytes(k);
+}
+
+void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
+  DI_CHECK(decode_layout_bytes(n, k) > 0, "pack_decode_layout: no decode layout for n={} k={} on this CPU", n, k);
+  const int64_t panels = (n + cpu::kPanel - 1) / cpu::kPanel;
+  kernel_pool().parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      cpu::pack_panel(reinterpret_cast<const uint8_t*>(w), n, k, p, out + size_t(p) * cpu::panel_bytes(k));
+  });
+}
+
+}  // namespace deepinfer::kernels
+
 #else
 namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
-void set_gemm_vbmi_enabled(bool) {}
+void set_decode_gemm(DecodeGemm) {}
 }  // namespace deepinfer::kernels::cpu
+namespace deepinfer::kernels {
+size_t decode_layout_bytes(int64_t, int64_t) { return 0; }
+void pack_decode_layout(const fp8_e4m3*, int64_t n, int64_t k, uint8_t*) {
+  DI_FAIL("pack_decode_layout: no decode layout for n={} k={} on this CPU", n, k);
+}
+}  // namespace deepinfer::kernels
 #endif

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <vector>
 
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
@@ -26,12 +27,23 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
   GemmFp8Params p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
                   .out = f32_out ? nullptr : out.data(), .out_f32 = f32_out ? out_f32.data() : nullptr,
                   .m = m, .n = n, .k = k};
-  const CaseResult fast = compare_backends(gemm_fp8, p, f32_out ? kF32Out : kBf16Out);
+  const Tolerance tol = f32_out ? kF32Out : kBf16Out;
+  const CaseResult fast = compare_backends(gemm_fp8, p, tol);
   if (!fast.pass || m > cpu::kSmallM) return fast;
-  // Decode shapes have two cpu kernels (AVX512-VBMI where the CPU has it, else Highway): check both.
-  cpu::set_gemm_vbmi_enabled(false);
-  const CaseResult generic = compare_backends(gemm_fp8, p, f32_out ? kF32Out : kBf16Out);
-  cpu::set_gemm_vbmi_enabled(true);
+  // Decode shapes have up to three cpu kernels: the decode layout (AVX512-BF16), VBMI rows, and
+  // Highway. Check each one this CPU has.
+  std::vector<uint8_t> w_decode(decode_layout_bytes(n, k));
+  if (!w_decode.empty()) {
+    pack_decode_layout(w.q.data(), n, k, w_decode.data());
+    p.w_decode = w_decode.data();
+    const CaseResult packed = compare_backends(gemm_fp8, p, tol);
+    if (!packed.pass) return packed;
+  }
+  cpu::set_decode_gemm(cpu::DecodeGemm::rows);
+  const CaseResult rows = compare_backends(gemm_fp8, p, tol);
+  cpu::set_decode_gemm(cpu::DecodeGemm::generic);
+  const CaseResult generic = rows.pass ? compare_backends(gemm_fp8, p, tol) : rows;
+  cpu::set_decode_gemm(cpu::DecodeGemm::automatic);
   return generic;
 }
 
@@ -85,6 +97,7 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
       {1, 128, 128, false, false, true},    {1, 2048, 7168, false, false, true},
       {2, 7168, 256, false, false, true},   {4, 256, 7168, false, false, true},
       {8, 384, 1024, false, false, true},   {3, 200, 300, false, false, true},   // edges in N and K
+      {6, 200, 256, false, false, true},    {7, 17, 384, true, false, true},     // partial decode panels
       {17, 129, 129, false, false, true},   {1, 1, 1, false, false, true},
       {5, 256, 512, false, true, true},     {4, 300, 256, true, false, true},    // ue8m0; f32 logits
       {0, 128, 256, false, false, true},    {33, 77, 640, false, false, true},
