@@ -23,6 +23,12 @@ std::shared_ptr<std::byte> host_alloc(size_t bytes);
 size_t host_alloc_idle_bytes();
 }  // namespace detail
 
+// Process-wide: tells glibc malloc to keep freed memory (no heap trim; mmap only from 32 MiB), so
+// per-step vectors and small tensors reuse mapped pages instead of faulting them in again (on a
+// VM each first touch costs ~15 us). The deepinfer CLI calls it at startup; an embedding
+// application may. Memory freed stays with the process for reuse.
+void keep_freed_host_memory();
+
 class Tensor {
  public:
   Tensor() = default;

@@ -6,6 +6,8 @@
 // problem the same way.
 #include <deepinfer/tensor.h>
 
+#include <malloc.h>
+
 #include <map>
 #include <mutex>
 #include <vector>
@@ -75,3 +77,16 @@ size_t host_alloc_idle_bytes() {
 }
 
 }  // namespace deepinfer::detail
+
+namespace deepinfer {
+
+void keep_freed_host_memory() {
+#if defined(__GLIBC__)
+  // Fixed thresholds also switch off glibc's dynamic ones. Blocks from 32 MiB still get their own
+  // mapping (and Tensor storage that large is cached above).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
+}  // namespace deepinfer

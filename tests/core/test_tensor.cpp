@@ -1,6 +1,7 @@
 // Tensor: shapes, strides, views, rows, clone, borrow, and the errors for bad requests.
 #include <deepinfer/tensor.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -164,12 +165,6 @@ TEST(Tensor, DefaultIsUndefinedAndDimChecksRange) {
   EXPECT_ERROR_WITH(Tensor::empty(DType::f32, {4, -1}), "negative size");
 }
 
-}  // namespace
-}  // namespace deepinfer
-
-namespace deepinfer {
-namespace {
-
 // Large storage goes back to a cache on release and the next tensor of its size class takes it
 // (no fresh pages to fault in); live tensors never share storage; every block is 64-byte aligned.
 TEST(TensorStorage, LargeBlocksAreReusedNotShared) {
@@ -193,6 +188,24 @@ TEST(TensorStorage, LargeBlocksAreReusedNotShared) {
   Tensor z = Tensor::zeros(DType::f32, shape);
   const float* zp = z.data<float>();
   EXPECT_EQ(std::count(zp, zp + z.numel(), 0.0f), z.numel());
+}
+
+// After keep_freed_host_memory, a freed block below the mmap threshold is reused with its pages
+// still mapped: touching it again takes no page faults (glibc would otherwise trim the heap or
+// unmap the block on free, and every cycle would fault the pages back in).
+TEST(HostMemory, FreedBlocksStayMappedAfterKeepFreedHostMemory) {
+  keep_freed_host_memory();
+  constexpr size_t kBytes = size_t(2) << 20;  // 512 pages
+  auto cycle = [] {
+    std::vector<char> v(kBytes, 1);  // allocate, touch every page, free
+    return v[kBytes / 2];
+  };
+  int sink = cycle();
+  rusage before{}, after{};
+  getrusage(RUSAGE_THREAD, &before);
+  for (int i = 0; i < 20; ++i) sink += cycle();
+  getrusage(RUSAGE_THREAD, &after);
+  EXPECT_LT(after.ru_minflt - before.ru_minflt, 64) << "freed memory went back to the OS (sink " << sink << ")";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "command.h"
 
 #include <deepinfer/error.h>
+#include <deepinfer/tensor.h>
 
 #include <cstdio>
 #include <map>
@@ -25,6 +26,7 @@ bool register_command(CommandSpec spec) {
 
 int main(int argc, char** argv) {
   using namespace deepinfer;
+  keep_freed_host_memory();
   CLI::App app{"deepinfer: DeepSeek-architecture MoE inference with expert parallelism over any collective backend"};
   app.require_subcommand(1);
   bool help_env = false;

@@ -1,0 +1,69 @@
+// ep::rows against the DESIGN §4 formula written with dtype.h's scalar conversions: every column
+// count around the vector widths (16, 32, 64), with and without weights, canon on and off, and
+// values that round, cancel to ±0, overflow to inf and underflow.
+#include <deepinfer/dtype.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ep/row_math.h"
+
+namespace deepinfer {
+namespace {
+
+// ((0 + w0·y0) + w1·y1) + ... in f32, bf16 (nearest even), canon: -0 -> +0.
+uint16_t expected(const std::vector<float>& w, const std::vector<std::vector<uint16_t>>& y, size_t c, bool canon,
+                  bool weighted) {
+  float acc = 0.0f;
+  for (size_t s = 0; s < y.size(); ++s) {
+    const float v = bf16_to_f32(bf16{y[s][c]});
+    const float p = weighted ? w[s] * v : v;
+    acc = acc + p;
+  }
+  uint16_t bits = f32_to_bf16(acc).bits;
+  if (canon && bits == 0x8000u) bits = 0;
+  return bits;
+}
+
+TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> val(-4.0f, 4.0f);
+  int checked = 0;
+  for (size_t n : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 200, 7168, 7205})
+    for (int m : {0, 1, 2, 3, 8})
+      for (bool weighted : {false, true})
+        for (bool canon : {false, true}) {
+          std::vector<std::vector<uint16_t>> y(static_cast<size_t>(m), std::vector<uint16_t>(n));
+          std::vector<const uint16_t*> ptr;
+          std::vector<float> w(static_cast<size_t>(m));
+          for (auto& x : w) x = val(rng);
+          for (auto& row : y) {
+            for (size_t c = 0; c < n; ++c) {
+              const uint32_t pick = rng() % 16;
+              float v = val(rng);
+              if (pick == 0) v = -0.0f;
+              if (pick == 1) v = 3.0e38f;  // w·y and sums overflow to inf
+              if (pick == 2) v = 1.0e-39f;  // subnormal
+              row[c] = f32_to_bf16(v).bits;
+            }
+            ptr.push_back(row.data());
+          }
+          std::vector<uint16_t> bits(n, 0xdead);
+          std::vector<float> f32(n, -1.0f);
+          ep::rows::weighted_sum(weighted ? w.data() : nullptr, ptr.data(), m, n, canon, bits.data(), f32.data());
+          for (size_t c = 0; c < n; ++c) {
+            const uint16_t want = expected(w, y, c, canon, weighted);
+            ASSERT_EQ(bits[c], want) << "n=" << n << " m=" << m << " column " << c;
+            uint32_t fb;
+            std::memcpy(&fb, &f32[c], 4);
+            ASSERT_EQ(fb, uint32_t(want) << 16) << "n=" << n << " m=" << m << " column " << c;
+            ++checked;
+          }
+        }
+  EXPECT_GT(checked, 100000);
+}
+
+}  // namespace
+}  // namespace deepinfer
