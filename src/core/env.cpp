@@ -33,7 +33,7 @@ constexpr std::array<KnobDoc, 13> kKnobDocs{{
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
-     "cpu kernels: keep a decode-ordered copy of each fp8 weight (+1 byte per weight) for faster decode GEMMs"},
+     "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that decode and prefill GEMMs read"},
     {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
     {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",
      "inject a named fault, for testing error paths"},

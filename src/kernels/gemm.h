@@ -36,8 +36,9 @@ struct GemmFp8Params {
 
 // The decode layout: the codes of an fp8 weight [n, k] re-ordered so the cpu backend's decode GEMM
 // (m <= 8, CPUs with AVX512-BF16 and -VBMI) reads 32 output columns per panel with BF16 dot
-// products. It is a copy made once per weight (the runtime keeps one next to each fp8 linear,
-// DEEPINFER_DECODE_LAYOUT); host, the recorder and replays use `w`, which must hold the same codes.
+// products; the prefill kernel decodes its weight panels from it too. It is a copy made once per
+// weight (the runtime keeps one next to each fp8 linear, DEEPINFER_DECODE_LAYOUT); host, the
+// recorder and replays use `w`, which must hold the same codes.
 // decode_layout_bytes: its size, or 0 where this CPU or shape (k % 128 != 0) has no decode layout.
 size_t decode_layout_bytes(int64_t n, int64_t k);
 // Writes w [n, k] into out (decode_layout_bytes(n, k) bytes) on the kernel pool.

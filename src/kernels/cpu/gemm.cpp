@@ -7,6 +7,8 @@
 //    item decodes its 128×128 weight tile into a packed f32 panel and runs an MR×NR FMA
 //    microkernel over pre-packed f32 activations; the block's partial tile is scaled into an f32
 //    accumulator tile. Weights stay fp8 in memory; decoding is exact, so results are unchanged.
+//    Where the weight has a decode layout (gemm_vbmi.cpp), the panels come from it instead: its
+//    32-column panels decode straight into the panel order.
 // bf16 GEMM uses the same kernels with a bf16 decoder and unit scales.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
@@ -197,13 +199,19 @@ void LargeM(const GemmArgs& g) {
       std::fill(acc.get(), acc.get() + (t1 - t0) * kMR * kNC, 0.0f);
       for (int64_t kb = 0; kb < kbs; ++kb) {
         const int64_t k0 = kb * kQuantBlock, klen = std::min(kQuantBlock, K - k0);
-        // Pack W[n0:n0+nc, k0:k0+klen] as [panel][kk][NR] f32; columns past nc are zero.
-        std::fill(wp.get(), wp.get() + n_panels * kQuantBlock * NR, 0.0f);
-        const size_t esize = kBf16 ? 2 : 1;
-        for (int64_t j = 0; j < nc; ++j) {
-          DecodeRow<kBf16>(static_cast<const uint8_t*>(g.w) + size_t((n0 + j) * K + k0) * esize, row.data(), klen);
-          float* dst = wp.get() + (j / NR) * kQuantBlock * NR + (j % NR);
-          for (int64_t kk = 0; kk < klen; ++kk) dst[kk * NR] = row[size_t(kk)];
+        // Pack W[n0:n0+nc, k0:k0+klen] as [panel][kk][NR] f32; columns past nc are zero. From the
+        // decode layout where there is one (its 32-column panels are this layout, NR = 32).
+        bool from_decode_layout = NR == 32;
+        for (int64_t pnl = 0; pnl < n_panels && from_decode_layout; ++pnl)
+          from_decode_layout = decode_layout_f32_panel(g, n0 + pnl * NR, kb, wp.get() + pnl * kQuantBlock * NR);
+        if (!from_decode_layout) {
+          std::fill(wp.get(), wp.get() + n_panels * kQuantBlock * NR, 0.0f);
+          const size_t esize = kBf16 ? 2 : 1;
+          for (int64_t j = 0; j < nc; ++j) {
+            DecodeRow<kBf16>(static_cast<const uint8_t*>(g.w) + size_t((n0 + j) * K + k0) * esize, row.data(), klen);
+            float* dst = wp.get() + (j / NR) * kQuantBlock * NR + (j % NR);
+            for (int64_t kk = 0; kk < klen; ++kk) dst[kk * NR] = row[size_t(kk)];
+          }
         }
         const float sw = g.w_scales ? g.w_scales[nb * kbs + kb] : 1.0f;
         for (int64_t t = t0; t < t1; ++t) {

@@ -24,9 +24,15 @@ constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) 
 // layout where g.w_decode is set and the CPU has AVX512-BF16: returns false, doing nothing, where
 // the CPU or the shape (k % 128) does not fit.
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g);
+// The prefill kernel's weight panel from the decode layout: W[n0 + j, 128·kb + kk] as f32 at
+// out[kk·32 + j] for j < 32 (64-byte aligned; columns past n are zero). Returns false, doing
+// nothing, where g has no decode layout, n0 % 32 != 0, or the CPU or the DecodeGemm setting
+// says no.
+bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out);
 // Which decode kernel serves m <= kSmallM (the harness and the bench check each of them):
 // automatic = the decode layout where given, else VBMI rows, else Highway; rows = VBMI rows even
-// where a decode layout is given; generic = the Highway kernel.
+// where a decode layout is given; generic = the Highway kernel. The prefill kernel reads its
+// weight panels from the decode layout only under automatic.
 enum class DecodeGemm { automatic, rows, generic };
 void set_decode_gemm(DecodeGemm k);
 

@@ -256,6 +256,26 @@ DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p
   }
 }
 
+// The prefill kernel's f32 weight panel [kk < 128][32] for one decode-layout panel and one K block:
+// a lane of b0 holds K (4c, 4c+1) of its column as a bf16 pair, so the even K is the pair shifted
+// up and the odd one the pair masked (both exact f32).
+DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, float* out) {
+  const Decoder dec;
+  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+  for (int64_t g = 0; g < 2; ++g) {
+    const uint8_t* p = panel + size_t(g * (k / 4) * 64) + size_t(kb * 32 * 64);
+    for (int64_t c = 0; c < 32; ++c, p += 64) {
+      __m512i b0, b1;
+      dec.decode_bf16(p, b0, b1);
+      float* o = out + (4 * c) * kPanel + g * 16;
+      _mm512_store_ps(o, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b0, 16)));
+      _mm512_store_ps(o + kPanel, _mm512_castsi512_ps(_mm512_and_si512(b0, high)));
+      _mm512_store_ps(o + 2 * kPanel, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b1, 16)));
+      _mm512_store_ps(o + 3 * kPanel, _mm512_castsi512_ps(_mm512_and_si512(b1, high)));
+    }
+  }
+}
+
 DI_BF16_TARGET void RunDecodeLayout(const GemmArgs& g) {
   thread_local std::vector<uint16_t> act;
   act.resize(size_t(g.m * g.k));
@@ -318,6 +338,14 @@ bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
   return true;
 }
 
+bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out) {
+  if (!g.w_decode || g.bf16_inputs || g.k % 128 != 0 || n0 % kPanel != 0 || !cpu_has_bf16_dot() ||
+      g_decode_gemm != DecodeGemm::automatic)
+    return false;
+  PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out);
+  return true;
+}
+
 }  // namespace deepinfer::kernels::cpu
 
 namespace deepinfer::kernels {
@@ -341,6 +369,7 @@ void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
 #else
 namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
+bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*) { return false; }
 void set_decode_gemm(DecodeGemm) {}
 }  // namespace deepinfer::kernels::cpu
 namespace deepinfer::kernels {

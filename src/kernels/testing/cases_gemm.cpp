@@ -28,21 +28,22 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
                   .out = f32_out ? nullptr : out.data(), .out_f32 = f32_out ? out_f32.data() : nullptr,
                   .m = m, .n = n, .k = k};
   const Tolerance tol = f32_out ? kF32Out : kBf16Out;
-  const CaseResult fast = compare_backends(gemm_fp8, p, tol);
-  if (!fast.pass || m > cpu::kSmallM) return fast;
-  // Decode shapes have up to three cpu kernels: the decode layout (AVX512-BF16), VBMI rows, and
-  // Highway. Check each one this CPU has.
+  // Every cpu path this CPU has: the row layout (decode shapes: AVX512-VBMI where present), the
+  // decode layout (AVX512-BF16: decode shapes, and the prefill kernel's weight panels), and for
+  // decode shapes the generic Highway kernel.
+  const CaseResult rows = compare_backends(gemm_fp8, p, tol);
+  if (!rows.pass) return rows;
   std::vector<uint8_t> w_decode(decode_layout_bytes(n, k));
   if (!w_decode.empty()) {
     pack_decode_layout(w.q.data(), n, k, w_decode.data());
     p.w_decode = w_decode.data();
     const CaseResult packed = compare_backends(gemm_fp8, p, tol);
-    if (!packed.pass) return packed;
+    if (!packed.pass || m > cpu::kSmallM) return packed;
+    p.w_decode = nullptr;
   }
-  cpu::set_decode_gemm(cpu::DecodeGemm::rows);
-  const CaseResult rows = compare_backends(gemm_fp8, p, tol);
+  if (m > cpu::kSmallM) return rows;
   cpu::set_decode_gemm(cpu::DecodeGemm::generic);
-  const CaseResult generic = rows.pass ? compare_backends(gemm_fp8, p, tol) : rows;
+  const CaseResult generic = compare_backends(gemm_fp8, p, tol);
   cpu::set_decode_gemm(cpu::DecodeGemm::automatic);
   return generic;
 }
