@@ -342,7 +342,8 @@ bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* o
   if (!g.w_decode || g.bf16_inputs || g.k % 128 != 0 || n0 % kPanel != 0 || !cpu_has_bf16_dot() ||
       g_decode_gemm != DecodeGemm::automatic)
     return false;
-  PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out);
+  if (n0 >= g.n) std::fill(out, out + 128 * kPanel, 0.0f);  // past the last panel: zero columns
+  else PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out);
   return true;
 }
 

@@ -1,5 +1,5 @@
-// Bench helpers: timing, the measured limits (memcpy bandwidth, fp32 FMA peak), JSON output,
-// and the sub-bench registry.
+// Bench helpers: timing, the measured limits (memcpy bandwidth, fp32 FMA peak, BF16 dot-product
+// peak), JSON output, and the sub-bench registry.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/testing/bench.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -42,6 +42,9 @@ HWY_AFTER_NAMESPACE();
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/testing/bench.h"
 
@@ -52,6 +55,49 @@ HWY_EXPORT(FmaLoop);
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// `iters` rounds of 12 independent VDPBF16PS chains; returns the flops done (2 products and 2 adds
+// per bf16 pair: 64 per instruction), as FmaLoop does for fp32.
+__attribute__((target("avx512f,avx512bf16"))) double Bf16DotLoop(int64_t iters, float* sink) {
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+  __m512 acc[12];
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (auto& v : acc) v = _mm512_dpbf16_ps(v, a, b);
+  }
+  __m512 s = acc[0];
+  for (int j = 1; j < 12; ++j) s = _mm512_add_ps(s, acc[j]);
+  alignas(64) float t[16];
+  _mm512_store_ps(t, s);
+  *sink += t[0];
+  return double(iters) * 12.0 * 64.0;
+}
+bool has_bf16_dot() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+#else
+double Bf16DotLoop(int64_t, float*) { return 0.0; }
+bool has_bf16_dot() { return false; }
+#endif
+
+// Runs loop(iters, sink) on every pool thread at once; returns the total GFLOP/s.
+double peak_gflops(ThreadPool* pool, double (*loop)(int64_t, float*), BenchContext& ctx) {
+  const int threads = pool ? pool->num_threads() : 1;
+  constexpr int64_t kIters = 20'000'000;
+  std::vector<double> flops(size_t(threads), 0.0);
+  std::vector<float> sinks(size_t(threads) * 16, 0.0f);  // one cache line per thread
+  auto run = [&] {
+    auto body = [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) flops[size_t(t)] = loop(kIters, &sinks[size_t(t) * 16]);
+    };
+    if (pool) pool->parallel_for(threads, 1, body);
+    else body(0, 1);
+  };
+  const double s = ctx.time(run, 3, 0.0);
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / s / 1e9;
+}
 
 std::vector<std::pair<std::string, BenchFn>>& bench_registry() {
   static std::vector<std::pair<std::string, BenchFn>> r;
@@ -96,23 +142,13 @@ double BenchContext::memcpy_gbps(size_t bytes) {
 }
 
 double BenchContext::fma_peak_gflops() {
-  if (fma_cache > 0) return fma_cache;
-  const int threads = pool ? pool->num_threads() : 1;
-  constexpr int64_t kIters = 20'000'000;
-  std::vector<double> flops(size_t(threads), 0.0);
-  std::vector<float> sinks(size_t(threads) * 16, 0.0f);  // one cache line per thread
-  auto run = [&] {
-    auto body = [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) flops[size_t(t)] = HWY_DYNAMIC_DISPATCH(FmaLoop)(kIters, &sinks[size_t(t) * 16]);
-    };
-    if (pool) pool->parallel_for(threads, 1, body);
-    else body(0, 1);
-  };
-  const double s = time(run, 3, 0.0);
-  double total = 0;
-  for (double f : flops) total += f;
-  fma_cache = total / s / 1e9;
+  if (fma_cache <= 0) fma_cache = peak_gflops(pool, [](int64_t iters, float* sink) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, sink); }, *this);
   return fma_cache;
+}
+
+double BenchContext::bf16_dot_peak_gflops() {
+  if (bf16_dot_cache < 0) bf16_dot_cache = has_bf16_dot() ? peak_gflops(pool, &Bf16DotLoop, *this) : 0.0;
+  return bf16_dot_cache;
 }
 
 void BenchContext::emit(const BenchRecord& r) {

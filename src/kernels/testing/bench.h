@@ -42,11 +42,15 @@ struct BenchContext {
   double memcpy_gbps(size_t bytes);
   // fp32 FMA peak (GFLOP/s, 2 flops per FMA lane) of a Highway FMA loop on every pool thread.
   double fma_peak_gflops();
+  // BF16 dot-product peak (GFLOP/s, VDPBF16PS: 64 flops each) on every pool thread; 0 where the CPU
+  // has no AVX512-BF16.
+  double bf16_dot_peak_gflops();
   // Prints `r` as one JSON line to stdout.
   void emit(const BenchRecord& r);
 
   std::map<size_t, double> memcpy_cache;
   double fma_cache = 0;
+  double bf16_dot_cache = -1;
 };
 
 using BenchFn = int (*)(BenchContext& ctx);  // returns the number of failed correctness checks
