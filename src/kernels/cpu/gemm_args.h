@@ -24,6 +24,8 @@ constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) 
 // layout where g.w_decode is set and the CPU has AVX512-BF16: returns false, doing nothing, where
 // the CPU or the shape (k % 128) does not fit.
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g);
+// AVX512-VBMI and AVX512-BF16 (VDPBF16PS): what the decode layout needs.
+bool cpu_has_bf16_dot();
 // The prefill kernel's weight panel from the decode layout: W[n0 + j, 128·kb + kk] as f32 at
 // out[kk·32 + j] for j < 32 (64-byte aligned; columns past n are zero). Returns false, doing
 // nothing, where g has no decode layout, n0 % 32 != 0, or the CPU or the DecodeGemm setting

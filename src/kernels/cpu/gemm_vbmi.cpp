@@ -318,14 +318,15 @@ bool cpu_has_vbmi() {
                          __builtin_cpu_supports("avx512vbmi");
   return ok;
 }
-bool cpu_has_bf16_dot() {
-  static const bool ok = cpu_has_vbmi() && __builtin_cpu_supports("avx512bf16");
-  return ok;
-}
 
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
 }  // namespace
+
+bool cpu_has_bf16_dot() {
+  static const bool ok = cpu_has_vbmi() && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
 
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
@@ -370,6 +371,7 @@ void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
 #else
 namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
+bool cpu_has_bf16_dot() { return false; }
 bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*) { return false; }
 void set_decode_gemm(DecodeGemm) {}
 }  // namespace deepinfer::kernels::cpu

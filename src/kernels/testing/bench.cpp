@@ -46,6 +46,7 @@ HWY_AFTER_NAMESPACE();
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/gemm_args.h"
 #include "kernels/testing/bench.h"
 
 namespace deepinfer::kernels::testing {
@@ -74,14 +75,13 @@ __attribute__((target("avx512f,avx512bf16"))) double Bf16DotLoop(int64_t iters, 
   *sink += t[0];
   return double(iters) * 12.0 * 64.0;
 }
-bool has_bf16_dot() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
 #else
 double Bf16DotLoop(int64_t, float*) { return 0.0; }
-bool has_bf16_dot() { return false; }
 #endif
 
 // Runs loop(iters, sink) on every pool thread at once; returns the total GFLOP/s.
-double peak_gflops(ThreadPool* pool, double (*loop)(int64_t, float*), BenchContext& ctx) {
+double peak_gflops(BenchContext& ctx, double (*loop)(int64_t, float*)) {
+  ThreadPool* pool = ctx.pool;
   const int threads = pool ? pool->num_threads() : 1;
   constexpr int64_t kIters = 20'000'000;
   std::vector<double> flops(size_t(threads), 0.0);
@@ -142,12 +142,12 @@ double BenchContext::memcpy_gbps(size_t bytes) {
 }
 
 double BenchContext::fma_peak_gflops() {
-  if (fma_cache <= 0) fma_cache = peak_gflops(pool, [](int64_t iters, float* sink) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, sink); }, *this);
+  if (fma_cache <= 0) fma_cache = peak_gflops(*this, [](int64_t iters, float* sink) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, sink); });
   return fma_cache;
 }
 
 double BenchContext::bf16_dot_peak_gflops() {
-  if (bf16_dot_cache < 0) bf16_dot_cache = has_bf16_dot() ? peak_gflops(pool, &Bf16DotLoop, *this) : 0.0;
+  if (bf16_dot_cache < 0) bf16_dot_cache = cpu::cpu_has_bf16_dot() ? peak_gflops(*this, &Bf16DotLoop) : 0.0;
   return bf16_dot_cache;
 }
 

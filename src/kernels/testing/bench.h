@@ -43,7 +43,7 @@ struct BenchContext {
   // fp32 FMA peak (GFLOP/s, 2 flops per FMA lane) of a Highway FMA loop on every pool thread.
   double fma_peak_gflops();
   // BF16 dot-product peak (GFLOP/s, VDPBF16PS: 64 flops each) on every pool thread; 0 where the CPU
-  // has no AVX512-BF16.
+  // cannot run the decode layout (cpu::cpu_has_bf16_dot).
   double bf16_dot_peak_gflops();
   // Prints `r` as one JSON line to stdout.
   void emit(const BenchRecord& r);
