@@ -62,6 +62,12 @@ class Group {
                                  std::span<const size_t> recv_rows);
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
+
+  // True where every rank runs in this process (the `local` backend): a pointer one rank
+  // publishes through a collective is then readable by every rank until the ranks meet again.
+  // EPBuffer's a2a combine reads its peers' expert outputs in place that way (DESIGN §4).
+  // Wrappers that inject faults say false, so nothing goes around the collectives they break.
+  virtual bool shares_address_space() const { return false; }
 };
 
 enum class CommKind : uint8_t { local, mpi };

@@ -44,6 +44,7 @@ class CapabilitiesOverride final : public Group {
     inner_->broadcast(b, c, t, root);
   }
   void barrier() override { inner_->barrier(); }
+  bool shares_address_space() const override { return inner_->shares_address_space(); }
 
  private:
   std::unique_ptr<Group> inner_;

@@ -16,7 +16,7 @@ namespace deepinfer {
 namespace {
 
 // The single table of knobs: the parser, the unknown-name check and the docs all read it.
-constexpr std::array<KnobDoc, 13> kKnobDocs{{
+constexpr std::array<KnobDoc, 14> kKnobDocs{{
     {"DEEPINFER_COMM", "local, mpi", "local",
      "collective backend: `local` = one thread per rank, `mpi` = one process per rank (mpirun)"},
     {"DEEPINFER_COMM_TIMEOUT_S", "number > 0", "60",
@@ -30,6 +30,8 @@ constexpr std::array<KnobDoc, 13> kKnobDocs{{
      "largest single collective message EP issues; bigger transfers are split"},
     {"DEEPINFER_EP_COMBINE", "exact, fast", "exact",
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
+    {"DEEPINFER_EP_PEER_MEMORY", "on, off", "on",
+     "all-to-all combine: where ranks share one address space (`local`), owners read the peers' expert outputs in place instead of exchanging partials"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
@@ -157,6 +159,8 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
   if (auto v = get("DEEPINFER_EP_COMBINE"))
     k.ep_combine = parse_enum<CombineMode, 2>(
         "DEEPINFER_EP_COMBINE", *v, {{{"exact", CombineMode::exact}, {"fast", CombineMode::fast}}});
+  if (auto v = get("DEEPINFER_EP_PEER_MEMORY"))
+    k.ep_peer_memory = parse_enum<bool, 2>("DEEPINFER_EP_PEER_MEMORY", *v, {{{"on", true}, {"off", false}}});
   if (auto v = get("DEEPINFER_KERNELS"))
     k.kernels = parse_enum<KernelBackend, 2>(
         "DEEPINFER_KERNELS", *v, {{{"host", KernelBackend::host}, {"cpu", KernelBackend::cpu}}});

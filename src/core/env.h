@@ -28,6 +28,7 @@ struct Knobs {
   EpReduce ep_reduce = EpReduce::rs;       // DEEPINFER_EP_REDUCE = rs|ar
   size_t ep_chunk_bytes = 64ull << 20;     // DEEPINFER_EP_CHUNK_BYTES (>= 4096)
   CombineMode ep_combine = CombineMode::exact;  // DEEPINFER_EP_COMBINE = exact|fast
+  bool ep_peer_memory = true;              // DEEPINFER_EP_PEER_MEMORY = on|off
   KernelBackend kernels = KernelBackend::cpu;   // DEEPINFER_KERNELS = host|cpu
   bool decode_layout = true;               // DEEPINFER_DECODE_LAYOUT = on|off
   int threads = 0;                         // DEEPINFER_THREADS (0 = hardware threads)

@@ -21,6 +21,7 @@ struct CaseSpec {
   AgRows rows = AgRows::max;
   EpReduce reduce = EpReduce::rs;
   bool small_chunk = false;
+  bool peer_memory = true;  // a2a combine: direct lowering where the group shares an address space
 
   std::string name() const {
     std::string s = fmt::format("algo={} dtype={} expand={} align={} combine={}", to_string(algo),
@@ -28,6 +29,7 @@ struct CaseSpec {
                                 to_string(combine));
     if (algo != EpAlgo::a2a)
       s += fmt::format(" rows={} reduce={} chunk={}", to_string(rows), to_string(reduce), small_chunk ? "4K" : "default");
+    if (!peer_memory) s += " peer_memory=off";
     return s;
   }
   // Cases that must give the same combine output (same data, same combine semantics).
@@ -270,12 +272,14 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
           cs.expand = ea >= 2;
           cs.align = ea % 2 ? 128 : 1;
           cs.combine = cm;
-          const int variants = algo == EpAlgo::ag ? 8 : 1;
+          // a2a on a group with peer memory: the direct combine and the exchange one.
+          const int variants = algo == EpAlgo::ag ? 8 : (group.shares_address_space() ? 2 : 1);
           for (int v = 0; v < variants; ++v) {
             if (algo == EpAlgo::ag && prune && (v + base_index) % keep_every != 0) continue;
             cs.rows = v & 1 ? AgRows::cap : AgRows::max;
             cs.reduce = v & 2 ? EpReduce::ar : EpReduce::rs;
             cs.small_chunk = v & 4;
+            cs.peer_memory = algo == EpAlgo::ag || v == 0;
             cases.push_back(cs);
           }
           ++base_index;
@@ -296,6 +300,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     cfg.ag_rows = cs.rows;
     cfg.reduce = cs.reduce;
     cfg.chunk_bytes = cs.small_chunk ? 4096 : (64u << 20);
+    cfg.peer_memory = cs.peer_memory;
     Checker c{cs.name(), me};
     std::vector<ref::RankInput>& all = inputs[int(cs.dtype)];
     ref::RankInput& in = all[size_t(me)];

@@ -36,10 +36,10 @@ void EPConfig::validate(int world) const {
 std::string EPConfig::describe() const {
   return fmt::format(
       "E={} H={} K={} M={} dtype={} align={} expand={} algo={} combine={} ag_rows={} reduce={} "
-      "chunk={}",
+      "chunk={} peer_memory={}",
       num_experts, hidden, num_topk, num_max_tokens_per_rank,
       dispatch_dtype == DispatchDType::fp8 ? "fp8" : "bf16", expert_alignment, expand ? 1 : 0,
-      to_string(algo), to_string(combine), to_string(ag_rows), to_string(reduce), chunk_bytes);
+      to_string(algo), to_string(combine), to_string(ag_rows), to_string(reduce), chunk_bytes, peer_memory ? "on" : "off");
 }
 
 EpAlgo resolve_ep_algo(EpAlgo requested, int world, int num_topk, const Capabilities& caps) {

@@ -80,7 +80,8 @@ struct EPBuffer::Impl {
   // Reused across calls (sized by ep_size_hint, grown on demand).
   std::vector<std::byte> send_buf, recv_buf, recv_x, comb_send, comb_recv;
   std::vector<float> red_send, red_recv, acc;
-  std::vector<int> part_count;
+  std::vector<int> part_count, group_count, group_end;
+  std::vector<float> slot_w;
   std::vector<const uint16_t*> part_ptr;
   std::vector<int64_t> selected;
   std::vector<const std::byte*> slot_ptr;
@@ -485,7 +486,78 @@ struct EPBuffer::Impl {
     ep::ag::reduce(group, rp, fill, consume, red_send, red_recv, stats);
   }
 
+  // a2a combine, "direct" lowering (the ranks share one address space): each owner reads its
+  // tokens' expert outputs straight from the peers' y and forms what the exchange lowering would
+  // have sent and summed (fast: per-rank partials in slot order, summed in ascending rank order;
+  // exact: w·y in slot order), in one pass that writes nothing but the output. Two small
+  // collectives: the pointer all_gather (every rank's y is complete once it has published it) and
+  // a closing barrier (no rank returns, and frees its y, while a peer still reads it).
+  void combine_direct(const HandleData& h, const uint16_t* y, CombineOutput& out) {
+    const int k = cfg.num_topk;
+    const size_t hd = size_t(cfg.hidden);
+    const bool exact = cfg.combine == CombineMode::exact;
+    struct Published {
+      const uint16_t* y;
+      const int64_t* expand_slot;  // expand layout: y row of (received row i, slot j) at [i·K + j]
+    };
+    const Published mine{y, cfg.expand ? h.expand_slot.data() : nullptr};
+    std::vector<Published> peers(static_cast<size_t>(world));
+    group.all_gather(&mine, peers.data(), sizeof(Published), DType::u8);
+    log_once(fmt::format("a2a combine ({}) lowering = direct (peer memory)", to_string(cfg.combine)));
+
+    // Per token: its slots' weights and y rows, by rank ascending then slot ascending (fast), or
+    // by slot (exact); group_end[t·K + g] closes the t's g-th rank group.
+    const int64_t* own_idx = h.topk_idx.data<int64_t>();
+    const float* own_w = h.topk_weights.data<float>();
+    float* ow = out.topk_weights.data<float>();
+    part_ptr.assign(size_t(h.num_tokens) * size_t(k), nullptr);
+    slot_w.assign(size_t(h.num_tokens) * size_t(k), 0.0f);
+    group_end.assign(size_t(h.num_tokens) * size_t(k), 0);
+    part_count.assign(size_t(h.num_tokens), 0);  // addends so far
+    group_count.assign(size_t(h.num_tokens), 0);
+    uint64_t bytes_read = 0;
+    for (int r = 0; r < world; ++r) {
+      // Rank r received its rows in (source rank, source token) order: this rank's start there.
+      int64_t row = 0;
+      for (int o = 0; o < rank; ++o) row += h.plan.send(o, r);
+      for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q, ++row) {
+        const int64_t t = h.send_tokens[size_t(q)];
+        for (int j = 0; j < k; ++j) {
+          const int64_t e = own_idx[t * k + j];
+          if (e < 0 || e / local_experts != r) continue;
+          const int64_t y_row = peers[size_t(r)].expand_slot ? peers[size_t(r)].expand_slot[row * k + j] : row;
+          const size_t a = exact ? size_t(t * k + j) : size_t(t * k + part_count[size_t(t)]++);
+          part_ptr[a] = peers[size_t(r)].y + size_t(y_row) * hd;
+          slot_w[a] = exact ? canon(own_w[t * k + j]) : own_w[t * k + j];
+          ow[t * k + j] = canon(own_w[t * k + j]);
+          bytes_read += hd * 2;
+        }
+        if (!exact) group_end[size_t(t * k + group_count[size_t(t)]++)] = part_count[size_t(t)];
+      }
+    }
+    uint16_t* ox = out.x.data<uint16_t>();
+    std::array<float, 64> w;
+    std::array<const uint16_t*, 64> ys;
+    for (int64_t t = 0; t < h.num_tokens; ++t) {
+      const uint16_t* const* rows = part_ptr.data() + t * k;
+      if (!exact) {
+        ep::rows::sum_of_partials(slot_w.data() + t * k, rows, group_end.data() + t * k, group_count[size_t(t)], hd,
+                                  ox + size_t(t) * hd);
+        continue;
+      }
+      int m = 0;  // masked slots and slots of a token that reached no expert drop out
+      for (int j = 0; j < k; ++j)
+        if (rows[j]) w[size_t(m)] = slot_w[size_t(t * k + j)], ys[size_t(m++)] = rows[j];
+      ep::rows::weighted_sum(w.data(), ys.data(), m, hd, false, ox + size_t(t) * hd, nullptr);
+    }
+    group.barrier();
+    stats.collectives += 2;
+    stats.lowering = "direct";
+    stats.bytes_recv += bytes_read;
+  }
+
   void combine_a2a(const HandleData& h, const uint16_t* y, CombineOutput& out) {
+    if (cfg.peer_memory && group.shares_address_space()) return combine_direct(h, y, out);
     const int k = cfg.num_topk, hd = cfg.hidden;
     const bool exact = cfg.combine == CombineMode::exact;
     const int64_t* own_idx = h.topk_idx.data<int64_t>();
@@ -617,7 +689,7 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
     s.sizes = ep::ep_size_hint(config, s.world);
   }
   // One MAX all_reduce of (v, -v) pairs: every rank learns min and max of each field.
-  const std::array<std::pair<const char*, int64_t>, 11> fields{{
+  const std::array<std::pair<const char*, int64_t>, 12> fields{{
       {"(a rank's config is invalid)", bad},
       {"num_experts", config.num_experts},
       {"hidden", config.hidden},
@@ -629,6 +701,7 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
       {"algo (resolved)", int64_t(s.algo)},
       {"combine", int64_t(config.combine)},
       {"ag_rows/reduce", int64_t(config.ag_rows) * 2 + int64_t(config.reduce)},
+      {"peer_memory", config.peer_memory},
   }};
   std::array<int64_t, 2 * fields.size()> v{};
   for (size_t i = 0; i < fields.size(); ++i) {

@@ -119,6 +119,51 @@ DI_ROW_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m,
     if (out_f32) out_f32[c] = std::bit_cast<float>(bits << 16);
   }
 }
+DI_ROW_CLONES void sum_of_partials(const float* w, const uint16_t* const* y, const int* group_end, int groups,
+                                   size_t n, uint16_t* out_bits) {
+  // A partial rounds to bf16 and comes back as f32 (bits << 16) without leaving its register.
+  auto rounded = [](V16f p) { return reinterpret_cast<V16f>(rounded_bits(p, true) << 16); };
+  size_t c = 0;
+  for (; c + 64 <= n; c += 64) {
+    V16f e0 = {}, o0 = {}, e1 = {}, o1 = {};
+    for (int g = 0, s = 0; g < groups; ++g) {
+      V16f pe0 = {}, po0 = {}, pe1 = {}, po1 = {};
+      for (; s < group_end[g]; ++s) {
+        const EvenOdd v0 = load_bf16x32(y[s] + c), v1 = load_bf16x32(y[s] + c + 32);
+        pe0 += w[s] * v0.even;
+        po0 += w[s] * v0.odd;
+        pe1 += w[s] * v1.even;
+        po1 += w[s] * v1.odd;
+      }
+      e0 += rounded(pe0);
+      o0 += rounded(po0);
+      e1 += rounded(pe1);
+      o1 += rounded(po1);
+    }
+    store_sum32(e0, o0, false, out_bits, nullptr, c);
+    store_sum32(e1, o1, false, out_bits, nullptr, c + 32);
+  }
+  for (; c + 16 <= n; c += 16) {
+    V16f acc = {};
+    for (int g = 0, s = 0; g < groups; ++g) {
+      V16f p = {};
+      for (; s < group_end[g]; ++s) p += w[s] * load_bf16(y[s] + c);
+      acc += rounded(p);
+    }
+    store_sum(acc, false, out_bits, nullptr, c);
+  }
+  for (; c < n; ++c) {
+    float acc = 0.0f;
+    for (int g = 0, s = 0; g < groups; ++g) {
+      float p = 0.0f;
+      for (; s < group_end[g]; ++s) p += w[s] * from_bits(y[s][c]);
+      uint32_t bits = bf16_bits(p);
+      if (bits == 0x8000u) bits = 0;
+      acc += std::bit_cast<float>(bits << 16);
+    }
+    out_bits[c] = uint16_t(bf16_bits(acc));
+  }
+}
 DI_ROW_CLONES void scale_bf16(float w, const uint16_t* y, float* dst, size_t n) {
   for (size_t c = 0; c < n; ++c) dst[c] = canon(w * from_bits(y[c]));
 }

@@ -16,6 +16,11 @@ inline float canon(float v) { return v == 0.0f ? 0.0f : v; }
 // the m rows, written as bf16 bits (out_bits) and/or as their f32 values (out_f32).
 void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n, bool canon, uint16_t* out_bits,
                   float* out_f32);
+// The fast combine's partials and their sum in one pass: groups of addends (group g ends before
+// addend group_end[g]), p_g = canon(bf16(Σ_{s in g} w[s]·y[s][c])) as weighted_sum forms it, and
+// s[c] = bf16(((0 + p_0) + p_1) + ...) in f32, written as bf16 bits.
+void sum_of_partials(const float* w, const uint16_t* const* y, const int* group_end, int groups, size_t n,
+                     uint16_t* out_bits);
 // dst[c] = canon(w · y[c])  (-0 -> +0)
 void scale_bf16(float w, const uint16_t* y, float* dst, size_t n);
 // acc[c] += src[c]

@@ -47,6 +47,9 @@ TEST(Env, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(k.decode_layout);
   EXPECT_FALSE(parse({{"DEEPINFER_DECODE_LAYOUT", "off"}}).decode_layout);
   EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
+  EXPECT_TRUE(k.ep_peer_memory);
+  EXPECT_FALSE(parse({{"DEEPINFER_EP_PEER_MEMORY", "off"}}).ep_peer_memory);
+  EXPECT_TRUE(parse({{"DEEPINFER_EP_PEER_MEMORY", "on"}}).ep_peer_memory);
   EXPECT_EQ(k.fault, "");
   EXPECT_EQ(k.capabilities_file, "");
   EXPECT_EQ(k.log_level, "info");
@@ -133,6 +136,7 @@ TEST(Env, EveryKnobRejectsInvalidValues) {
         {"4095", "0", "3K", "-4096", "4096.0", "1T", "64MB", "M", "0x1000", "99999999999999999999",
          "17179869184G", " 4096"}}},
       {"DEEPINFER_EP_COMBINE", {"exact, fast", {"EXACT", "approx"}}},
+      {"DEEPINFER_EP_PEER_MEMORY", {"on, off", {"ON", "1", "shm"}}},
       {"DEEPINFER_KERNELS", {"host, cpu", {"cuda", "CPU", "reference"}}},
       {"DEEPINFER_DECODE_LAYOUT", {"on, off", {"ON", "1", "true", "yes"}}},
       {"DEEPINFER_THREADS", {"integer >= 0", {"-1", "two", "1.5", "4K", "100000", "+2"}}},

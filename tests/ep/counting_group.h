@@ -51,6 +51,7 @@ class CountingGroup final : public Group {
     ++calls["barrier"];
     inner_.barrier();
   }
+  bool shares_address_space() const override { return inner_.shares_address_space(); }
 
  private:
   Group& inner_;

@@ -2,10 +2,12 @@
 // hand-computed counts, input errors agreed on every rank, the collectives each algorithm issues
 // (through a counting Group), and dispatch/combine against the host reference.
 #include <deepinfer/ep.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <mutex>
 
 #include "counting_group.h"
@@ -101,8 +103,10 @@ TEST(EpLayout, CountsMatchHandComputed) {
   });
 }
 
-// One dispatch + cached dispatch + combine on `g`, checked against the host reference.
-void dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_t seed) {
+// One dispatch + cached dispatch + combine on `g`, checked against the host reference;
+// before_combine runs just before the combine.
+void dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_t seed,
+                                   const std::function<void()>& before_combine = {}) {
   const int w = g.size(), me = g.rank();
   ep::ref::GenParams gp{seed, w, cfg};
   std::vector<ep::ref::RankInput> all;
@@ -136,6 +140,7 @@ void dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_t seed)
                                                 : cfg.num_experts + me,
                                      int(c));
   }
+  if (before_combine) before_combine();
   const CombineOutput comb = buf.combine(y, out.handle);
   const ep::ref::ExpectedCombine ec = ep::ref::expected_combine(all, cfg, w, me, seed, offset);
   ASSERT_EQ(comb.x.nbytes(), ec.x.size() * 2);
@@ -202,6 +207,36 @@ TEST(EpAllToAll, MatchesReferenceWithEveryLowering) {
         cfg.expand = true;
         dispatch_combine_vs_reference(g, cfg, 11);
       });
+}
+
+// On a group whose ranks share one address space, the a2a combine reads the peers' y in place:
+// one pointer all_gather and one barrier, no all_to_all; with peer_memory off (or a group that
+// hides it) the partials go through all_to_all_v. Both match the reference bit for bit.
+TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
+  for (bool peer_memory : {true, false})
+    for (CombineMode cm : {CombineMode::exact, CombineMode::fast})
+      for (bool expand : {false, true}) {
+        std::mutex mu;
+        std::map<std::string, int> calls;
+        run_local(3, [&](Group& inner) {
+          test::CountingGroup g(inner);
+          ASSERT_TRUE(g.shares_address_space());
+          EPConfig cfg = small_config(3);
+          cfg.algo = EpAlgo::a2a;
+          cfg.combine = cm;
+          cfg.expand = expand;
+          cfg.expert_alignment = expand ? 8 : 1;
+          cfg.peer_memory = peer_memory;
+          dispatch_combine_vs_reference(g, cfg, 13, [&] { g.calls.clear(); });
+          std::lock_guard<std::mutex> lock(mu);
+          for (auto& [k, v] : g.calls) calls[k] += v;
+        });
+        SCOPED_TRACE(fmt::format("peer_memory={} combine={} expand={}", peer_memory, to_string(cm), expand));
+        EXPECT_EQ(calls["all_to_all"], 0);
+        EXPECT_EQ(calls["all_to_all_v"], peer_memory ? 0 : 3);
+        EXPECT_EQ(calls["all_gather"], peer_memory ? 3 : 0);
+        EXPECT_EQ(calls["barrier"], peer_memory ? 3 : 0);
+      }
 }
 
 TEST(EpValidation, InvalidInputThrowsOnEveryRank) {

@@ -65,5 +65,50 @@ TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
   EXPECT_GT(checked, 100000);
 }
 
+// The fast combine in one pass: per group the partial canon(bf16(Σ w·y)), then bf16 of the
+// partials' f32 sum from +0, group by group.
+TEST(RowMath, SumOfPartialsMatchesPartialsThenTheirSum) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> val(-4.0f, 4.0f);
+  const std::vector<std::vector<int>> group_sizes = {{}, {1}, {3}, {2, 3}, {1, 1, 1, 1}, {4, 2, 1}, {1, 5, 2}};
+  int checked = 0;
+  for (size_t n : {1, 15, 16, 17, 33, 63, 64, 65, 200, 7168, 7205})
+    for (const std::vector<int>& sizes : group_sizes) {
+      std::vector<int> end;
+      int m = 0;
+      for (int g : sizes) end.push_back(m += g);
+      std::vector<std::vector<uint16_t>> y(static_cast<size_t>(m), std::vector<uint16_t>(n));
+      std::vector<const uint16_t*> ptr;
+      std::vector<float> w(static_cast<size_t>(m));
+      for (auto& x : w) x = val(rng);
+      for (auto& row : y) {
+        for (size_t c = 0; c < n; ++c) {
+          const uint32_t pick = rng() % 16;
+          float v = val(rng);
+          if (pick == 0) v = -0.0f;
+          if (pick == 1) v = 3.0e38f;
+          if (pick == 2) v = 1.0e-39f;
+          row[c] = f32_to_bf16(v).bits;
+        }
+        ptr.push_back(row.data());
+      }
+      std::vector<uint16_t> bits(n, 0xdead);
+      ep::rows::sum_of_partials(w.data(), ptr.data(), end.data(), int(end.size()), n, bits.data());
+      for (size_t c = 0; c < n; ++c) {
+        float acc = 0.0f;
+        for (size_t g = 0, s = 0; g < end.size(); ++g) {
+          float p = 0.0f;
+          for (; s < size_t(end[g]); ++s) p = p + w[s] * bf16_to_f32(bf16{y[s][c]});
+          uint16_t pb = f32_to_bf16(p).bits;
+          if (pb == 0x8000u) pb = 0;
+          acc = acc + bf16_to_f32(bf16{pb});
+        }
+        ASSERT_EQ(bits[c], f32_to_bf16(acc).bits) << "n=" << n << " groups=" << end.size() << " column " << c;
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 30000);
+}
+
 }  // namespace
 }  // namespace deepinfer

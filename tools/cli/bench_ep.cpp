@@ -165,6 +165,7 @@ int run_bench(const BenchEpCli& o) {
       // blocks and receives one; an all_gather the reverse), max over ranks.
       auto moved = [](const EpCallStats& st) { return double(std::max(st.bytes_sent, st.bytes_recv)); };
       double d_bytes = moved(buf.last_stats());
+      const std::string d_lowering = buf.last_stats().lowering;
       g.all_reduce(&d_bytes, 1, DType::f64, ReduceOp::max);
       // Expert outputs: closed form per (row, expert/rank), as check ep uses.
       const int64_t rows = out.src.dim(0);
@@ -177,6 +178,7 @@ int run_bench(const BenchEpCli& o) {
       CombineOutput comb;
       const double t_combine = time_median(g, o.warmup, o.iters, [&] { comb = buf.combine(y, out.handle); });
       double c_bytes = moved(buf.last_stats());
+      const std::string c_lowering = buf.last_stats().lowering;
       g.all_reduce(&c_bytes, 1, DType::f64, ReduceOp::max);
 
       if (o.check) {
@@ -234,10 +236,9 @@ int run_bench(const BenchEpCli& o) {
         a2a_dispatch_bytes = d_bytes;
         a2a_combine_bytes = c_bytes;
         if (me == 0) {
-          emit(fmt::format("dispatch a2a ({}) {}", buf.last_stats().lowering, where), t_dispatch, d_bytes, w, limit,
-               raw_dispatch_s);
-          if (crec) emit(fmt::format("combine a2a {}", where), t_combine, c_bytes, w, limit, raw_combine_s);
-          else emit(fmt::format("combine a2a {}", where), t_combine, c_bytes, w, "none (exact: per-slot records)", t_combine);
+          emit(fmt::format("dispatch a2a ({}) {}", d_lowering, where), t_dispatch, d_bytes, w, limit, raw_dispatch_s);
+          if (crec) emit(fmt::format("combine a2a ({}) {}", c_lowering, where), t_combine, c_bytes, w, limit, raw_combine_s);
+          else emit(fmt::format("combine a2a ({}) {}", c_lowering, where), t_combine, c_bytes, w, "none (exact: per-slot records)", t_combine);
         }
       } else if (me == 0) {
         // ag is allowed its analytic byte count: the raw a2a time scaled by ag bytes / a2a bytes.

@@ -96,6 +96,7 @@ class LocalGroup final : public Group {
                          std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void barrier() override;
+  bool shares_address_space() const override { return true; }
 
  private:
   LocalSlot& begin(const CallDesc& desc, size_t bytes);  // publishes desc, starts the clock
