@@ -166,7 +166,7 @@ TEST(Env, KnobDocsListExactlyTheKnobsTheParserReads) {
     EXPECT_NE(std::string(d.meaning), "") << d.name;
   }
   EXPECT_EQ(read, documented);
-  EXPECT_EQ(documented.size(), 13u);
+  EXPECT_EQ(documented.size(), 14u);
 }
 
 TEST(Env, UnknownDeepinferVariablesAreRejected) {
