@@ -209,7 +209,13 @@ int check_invalid_inputs(Group& group, const EPConfig& base, const ref::GenParam
     } catch (const CommTimeout& e) {
       what = std::string("timed out instead of an error: ") + e.what();
     } catch (const Error& e) {
-      what.clear();
+      // The bad rank names its problem; every other rank names the bad rank (an unrelated error,
+      // e.g. a collective mismatch after a rank left alone, does not count).
+      const std::string want = me == b.bad_rank ? fmt::format("ep dispatch on rank {}/{}", me, w)
+                                                : fmt::format("rank {} passed invalid input", b.bad_rank);
+      what = std::string(e.what()).find(want) == std::string::npos
+                 ? fmt::format("error does not say '{}': {}", want, e.what())
+                 : std::string();
       if (print && me == 0) log_debug("check ep: invalid input '{}' -> {}", b.name, e.what());
     }
     if (!what.empty()) {
@@ -360,7 +366,13 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     }
     case_failed[ci] = c.failures ? 1 : 0;
   }
-  const int invalid_failed = check_invalid_inputs(group, base, ref::GenParams{opts.seed, w, base}, opts.verbose);
+  // Invalid input under each algorithm: ag agrees through its all_reduce, a2a through its plan.
+  int invalid_failed = 0;
+  for (EpAlgo algo : opts.algos) {
+    EPConfig cfg = base;
+    cfg.algo = algo;
+    invalid_failed += check_invalid_inputs(group, cfg, ref::GenParams{opts.seed, w, cfg}, opts.verbose);
+  }
   case_failed[cases.size()] = invalid_failed ? 1 : 0;
 
   group.all_reduce(case_failed.data(), case_failed.size(), DType::i64, ReduceOp::max);

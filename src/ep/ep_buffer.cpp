@@ -108,7 +108,7 @@ struct EPBuffer::Impl {
   // Own tokens grouped by destination rank, ascending within each.
   void build_send_lists(HandleData& h) const {
     const int k = cfg.num_topk;
-    const int64_t* idx = h.topk_idx.data<int64_t>();
+    const int64_t* idx = h.num_tokens ? h.topk_idx.data<int64_t>() : nullptr;
     std::vector<std::vector<int64_t>> per(static_cast<size_t>(world));
     std::vector<uint8_t> hit(static_cast<size_t>(world));
     for (int64_t t = 0; t < h.num_tokens; ++t) {
@@ -331,35 +331,42 @@ struct EPBuffer::Impl {
   int64_t agree(const std::string& err, int64_t num_tokens, const char* op) {
     std::array<int64_t, 2> v{err.empty() ? 0 : int64_t(world - rank), num_tokens};
     group.all_reduce(v.data(), v.size(), DType::i64, ReduceOp::max);
-    if (!err.empty()) DI_FAIL("ep {} on rank {}/{}: {}", op, rank, world, err);
-    if (v[0] != 0)
-      DI_FAIL("ep {}: rank {} passed invalid input (its error names the problem); rank {} stops too, "
-              "no data was moved", op, world - v[0], rank);
+    stop_if_invalid(err, v[0] != 0 ? int(world - v[0]) : -1, op);
     return v[1];
+  }
+  // After an agreement: every rank throws when one passed invalid input (bad_rank >= 0).
+  void stop_if_invalid(const std::string& err, int bad_rank, const char* op) const {
+    if (!err.empty()) DI_FAIL("ep {} on rank {}/{}: {}", op, rank, world, err);
+    if (bad_rank >= 0)
+      DI_FAIL("ep {}: rank {} passed invalid input (its error names the problem); rank {} stops too, "
+              "no data was moved", op, bad_rank, rank);
   }
 
   DispatchOutput dispatch(const DispatchInput& in) {
     stats = {};
     const std::string err = ep::check_dispatch_input(in, cfg);
     const int64_t t_count = err.empty() ? in.topk_idx.dim(0) : 0;
-    const int64_t max_t = agree(err, t_count, "dispatch");
+    // ag agrees (and learns the global max T) in one all_reduce; a2a in its plan's all_gather.
+    const int64_t max_t = algo == EpAlgo::ag ? agree(err, t_count, "dispatch") : 0;
     auto h = std::make_shared<HandleData>();
     h->algo = algo;
     h->world = world;
     h->rank = rank;
     h->num_tokens = t_count;
-    h->topk_idx = in.topk_idx.clone();
-    h->topk_weights = in.topk_weights.clone();
+    if (err.empty()) {
+      h->topk_idx = in.topk_idx.clone();
+      h->topk_weights = in.topk_weights.clone();
+    }
     build_send_lists(*h);
     if (algo == EpAlgo::ag) {
       h->ag_rows = cfg.ag_rows == AgRows::max ? max_t : cfg.num_max_tokens_per_rank;
     } else {
       std::vector<int64_t> counts(static_cast<size_t>(world));
       for (int r = 0; r < world; ++r) counts[size_t(r)] = h->send_offsets[size_t(r) + 1] - h->send_offsets[size_t(r)];
-      h->plan = ep::a2a::make_plan(group, counts);
-      stats.collectives += 1;
+      h->plan = ep::a2a::make_plan(group, counts, err.empty());
+      stop_if_invalid(err, h->plan.first_invalid_rank, "dispatch");
     }
-    stats.collectives += 1;  // the agreement all_reduce
+    stats.collectives += 1;  // the agreement all_reduce (ag) or the plan all_gather (a2a)
     DispatchOutput out = exchange_and_unpack(*h, source(in.x, in.scales, h->topk_weights, h->topk_idx), h.get());
     out.handle.data = std::move(h);
     return out;

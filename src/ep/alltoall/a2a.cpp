@@ -25,13 +25,23 @@ Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& cap
       "DEEPINFER_EP_ALGO=ag (or auto), which needs no all_to_all");
 }
 
-Plan make_plan(Group& group, std::span<const int64_t> send_counts) {
+Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid) {
   const int w = group.size();
   DI_CHECK(int(send_counts.size()) == w, "a2a plan: {} send counts for {} ranks", send_counts.size(), w);
+  // One row per rank: [valid, counts to rank 0 .. W-1].
+  const size_t row = size_t(w) + 1;
+  std::vector<int64_t> mine(row), all(row * size_t(w));
+  mine[0] = input_valid;
+  std::copy(send_counts.begin(), send_counts.end(), mine.begin() + 1);
+  group.all_gather(mine.data(), all.data(), row * 8, DType::u8);
   Plan p;
   p.world = w;
   p.split.assign(size_t(w) * size_t(w), 0);
-  group.all_gather(send_counts.data(), p.split.data(), size_t(w) * 8, DType::u8);
+  for (int r = w - 1; r >= 0; --r) {
+    if (!all[size_t(r) * row]) p.first_invalid_rank = r;
+    std::copy_n(all.begin() + std::ptrdiff_t(size_t(r) * row + 1), w, p.split.begin() + std::ptrdiff_t(size_t(r) * size_t(w)));
+  }
+  if (p.first_invalid_rank >= 0) return p;
   p.max_split = p.split.empty() ? 0 : *std::max_element(p.split.begin(), p.split.end());
   p.lowering = choose_lowering(p.split, group.capabilities());
   return p;

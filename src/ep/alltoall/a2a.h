@@ -24,14 +24,17 @@ struct Plan {
   std::vector<int64_t> split;  // [W, W]: records rank i sends rank j
   Lowering lowering = Lowering::even;
   int64_t max_split = 0;
+  int first_invalid_rank = -1;  // lowest rank that passed invalid input (split left empty), or -1
   int64_t send(int i, int j) const { return split[size_t(i) * size_t(world) + size_t(j)]; }
 };
 
 // Same on every rank given the same matrix. Throws when the backend trusts no lowering.
 Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& caps);
 
-// Collective: one all_gather of this rank's send counts [W]; returns the agreed plan.
-Plan make_plan(Group& group, std::span<const int64_t> send_counts);
+// Collective: one all_gather of this rank's send counts [W] and whether its input is valid, so
+// the agreement on invalid input costs no collective of its own; returns the agreed plan (with
+// no lowering chosen where a rank's input was invalid).
+Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid);
 
 // Reusable staging for the padded lowering.
 struct Scratch {
