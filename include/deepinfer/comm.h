@@ -63,11 +63,16 @@ class Group {
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
 
-  // True where every rank runs in this process (the `local` backend): a pointer one rank
-  // publishes through a collective is then readable by every rank until the ranks meet again.
-  // EPBuffer's a2a combine reads its peers' expert outputs in place that way (DESIGN §4).
-  // Wrappers that inject faults say false, so nothing goes around the collectives they break.
-  virtual bool shares_address_space() const { return false; }
+  // Peer memory: true where every rank can read every other rank's memory — `local` (one
+  // process) and `mpi` with all ranks on one host (an MPI-3 shared window). The same answer on
+  // every rank. Wrappers that inject faults say false, so nothing goes around the collectives
+  // they break. EPBuffer's a2a combine reads its peers' expert outputs this way (DESIGN §4).
+  virtual bool peer_memory() const { return false; }
+  // Collective, where peer_memory(): every rank exposes the same number of regions, and gets
+  // peers[r · regions.size() + i] = where rank r's region i is readable from here (local: r's own
+  // pointer, nothing copied; mpi: r's copy in the shared window). They stay readable, and must
+  // stay unchanged, until the ranks' next barrier(). Elsewhere it throws.
+  virtual void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers);
 };
 
 enum class CommKind : uint8_t { local, mpi };

@@ -89,6 +89,10 @@ void check_rows_args(size_t world, size_t offsets, size_t recv_rows) {
 }
 }  // namespace comm
 
+void Group::expose(std::span<const std::span<const std::byte>>, std::vector<const std::byte*>&) {
+  DI_FAIL("expose: the {} backend has no peer memory (check Group::peer_memory() first)", backend());
+}
+
 // Group::all_to_all_v_rows for backends that cannot send from rows: pack, then all_to_all_v.
 void Group::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
                               std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {

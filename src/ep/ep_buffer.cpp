@@ -84,7 +84,7 @@ struct EPBuffer::Impl {
   std::vector<float> slot_w;
   std::vector<const uint16_t*> part_ptr;
   std::vector<int64_t> selected;
-  std::vector<const std::byte*> slot_ptr;
+  std::vector<const std::byte*> slot_ptr, exposed;
   ep::a2a::Scratch scratch;
   EpCallStats stats;
 
@@ -493,24 +493,25 @@ struct EPBuffer::Impl {
     ep::ag::reduce(group, rp, fill, consume, red_send, red_recv, stats);
   }
 
-  // a2a combine, "direct" lowering (the ranks share one address space): each owner reads its
-  // tokens' expert outputs straight from the peers' y and forms what the exchange lowering would
-  // have sent and summed (fast: per-rank partials in slot order, summed in ascending rank order;
-  // exact: w·y in slot order), in one pass that writes nothing but the output. Two small
-  // collectives: the pointer all_gather (every rank's y is complete once it has published it) and
-  // a closing barrier (no rank returns, and frees its y, while a peer still reads it).
+  // a2a combine, "direct" lowering (the group has peer memory): each owner reads its tokens'
+  // expert outputs straight from the peers' y and forms what the exchange lowering would have
+  // sent and summed (fast: per-rank partials in slot order, summed in ascending rank order;
+  // exact: w·y in slot order), in one pass that writes nothing but the output. Collectives: the
+  // expose (every rank's y is complete once it has exposed it; mpi copies it into the shared
+  // window) and a closing barrier (no rank returns, and frees its y, while a peer still reads it).
   void combine_direct(const HandleData& h, const uint16_t* y, CombineOutput& out) {
     const int k = cfg.num_topk;
     const size_t hd = size_t(cfg.hidden);
     const bool exact = cfg.combine == CombineMode::exact;
-    struct Published {
-      const uint16_t* y;
-      const int64_t* expand_slot;  // expand layout: y row of (received row i, slot j) at [i·K + j]
-    };
-    const Published mine{y, cfg.expand ? h.expand_slot.data() : nullptr};
-    std::vector<Published> peers(static_cast<size_t>(world));
-    group.all_gather(&mine, peers.data(), sizeof(Published), DType::u8);
+    const int64_t y_rows = cfg.expand ? h.num_expanded : h.num_recv;
+    // Expand layout: the y row of (received row i, slot j) is expand_slot[i·K + j].
+    const std::array<std::span<const std::byte>, 2> regions{
+        std::as_bytes(std::span(y, size_t(y_rows) * hd)),
+        std::as_bytes(std::span(cfg.expand ? h.expand_slot.data() : nullptr, cfg.expand ? h.expand_slot.size() : 0))};
+    group.expose(regions, exposed);
     log_once(fmt::format("a2a combine ({}) lowering = direct (peer memory)", to_string(cfg.combine)));
+    auto peer_y = [&](int r) { return reinterpret_cast<const uint16_t*>(exposed[size_t(r) * 2]); };
+    auto peer_slot = [&](int r) { return reinterpret_cast<const int64_t*>(exposed[size_t(r) * 2 + 1]); };
 
     // Per token: its slots' weights and y rows, by rank ascending then slot ascending (fast), or
     // by slot (exact); group_end[t·K + g] closes the t's g-th rank group.
@@ -529,15 +530,16 @@ struct EPBuffer::Impl {
       for (int o = 0; o < rank; ++o) row += h.plan.send(o, r);
       for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q, ++row) {
         const int64_t t = h.send_tokens[size_t(q)];
+        if (!cfg.expand) bytes_read += hd * 2;  // one y row per received row, else one per slot
         for (int j = 0; j < k; ++j) {
           const int64_t e = own_idx[t * k + j];
           if (e < 0 || e / local_experts != r) continue;
-          const int64_t y_row = peers[size_t(r)].expand_slot ? peers[size_t(r)].expand_slot[row * k + j] : row;
+          if (cfg.expand) bytes_read += hd * 2;
+          const int64_t y_row = cfg.expand ? peer_slot(r)[row * k + j] : row;
           const size_t a = exact ? size_t(t * k + j) : size_t(t * k + part_count[size_t(t)]++);
-          part_ptr[a] = peers[size_t(r)].y + size_t(y_row) * hd;
+          part_ptr[a] = peer_y(r) + size_t(y_row) * hd;
           slot_w[a] = exact ? canon(own_w[t * k + j]) : own_w[t * k + j];
           ow[t * k + j] = canon(own_w[t * k + j]);
-          bytes_read += hd * 2;
         }
         if (!exact) group_end[size_t(t * k + group_count[size_t(t)]++)] = part_count[size_t(t)];
       }
@@ -564,7 +566,7 @@ struct EPBuffer::Impl {
   }
 
   void combine_a2a(const HandleData& h, const uint16_t* y, CombineOutput& out) {
-    if (cfg.peer_memory && group.shares_address_space()) return combine_direct(h, y, out);
+    if (cfg.peer_memory && group.peer_memory()) return combine_direct(h, y, out);
     const int k = cfg.num_topk, hd = cfg.hidden;
     const bool exact = cfg.combine == CombineMode::exact;
     const int64_t* own_idx = h.topk_idx.data<int64_t>();

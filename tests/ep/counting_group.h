@@ -51,7 +51,11 @@ class CountingGroup final : public Group {
     ++calls["barrier"];
     inner_.barrier();
   }
-  bool shares_address_space() const override { return inner_.shares_address_space(); }
+  bool peer_memory() const override { return inner_.peer_memory(); }
+  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
+    ++calls["expose"];
+    inner_.expose(regions, peers);
+  }
 
  private:
   Group& inner_;

@@ -209,8 +209,8 @@ TEST(EpAllToAll, MatchesReferenceWithEveryLowering) {
       });
 }
 
-// On a group whose ranks share one address space, the a2a combine reads the peers' y in place:
-// one pointer all_gather and one barrier, no all_to_all; with peer_memory off (or a group that
+// On a group with peer memory, the a2a combine reads the peers' y in place: one expose and one
+// barrier, no all_to_all; with peer_memory off (or a group that
 // hides it) the partials go through all_to_all_v. Both match the reference bit for bit.
 TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
   for (bool peer_memory : {true, false})
@@ -220,7 +220,7 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
         std::map<std::string, int> calls;
         run_local(3, [&](Group& inner) {
           test::CountingGroup g(inner);
-          ASSERT_TRUE(g.shares_address_space());
+          ASSERT_TRUE(g.peer_memory());
           EPConfig cfg = small_config(3);
           cfg.algo = EpAlgo::a2a;
           cfg.combine = cm;
@@ -234,7 +234,8 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
         SCOPED_TRACE(fmt::format("peer_memory={} combine={} expand={}", peer_memory, to_string(cm), expand));
         EXPECT_EQ(calls["all_to_all"], 0);
         EXPECT_EQ(calls["all_to_all_v"], peer_memory ? 0 : 3);
-        EXPECT_EQ(calls["all_gather"], peer_memory ? 3 : 0);
+        EXPECT_EQ(calls["all_gather"], 0);
+        EXPECT_EQ(calls["expose"], peer_memory ? 3 : 0);
         EXPECT_EQ(calls["barrier"], peer_memory ? 3 : 0);
       }
 }

@@ -406,6 +406,13 @@ void LocalGroup::broadcast(void* buf, size_t count, DType dtype, int root) {
   sync_end();
 }
 
+void LocalGroup::expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) {
+  std::vector<const std::byte*> mine(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
+  peers.assign(regions.size() * size_t(size()), nullptr);
+  all_gather(mine.data(), peers.data(), mine.size() * sizeof(const std::byte*), DType::u8);
+}
+
 void LocalGroup::barrier() {
   begin({OpKind::barrier, DType::u8, ReduceOp::sum, 0, 0}, 0);
   sync_start();  // slots are double-buffered, so one meeting is enough

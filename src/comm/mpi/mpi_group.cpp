@@ -152,14 +152,72 @@ MpiGroup::MpiGroup(double timeout_s) : timeout_s_(timeout_s) {
   if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
       MPI_SUCCESS) {
     MPI_Comm_size(node, &node_ranks);
-    MPI_Comm_free(&node);
+    // Every rank sees the same node_ranks == size_ (all on one host, or not), so peer_memory()
+    // agrees everywhere.
+    if (node_ranks == size_) node_comm_ = node;
+    else MPI_Comm_free(&node);
   }
   const bool oversubscribed = node_ranks > int(std::max(1u, std::thread::hardware_concurrency()));
   spin_s_ = oversubscribed ? kMpiSpinSecondsOversubscribed : kMpiSpinSeconds;
 }
 
 MpiGroup::~MpiGroup() {
-  if (comm_ != MPI_COMM_NULL && !broken_) MPI_Comm_free(&comm_);
+  if (broken_) return;  // pending requests: freeing would hang (the job is aborted instead)
+  free_window();
+  if (node_comm_ != MPI_COMM_NULL) MPI_Comm_free(&node_comm_);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiGroup::free_window() {
+  if (window_ == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(window_);
+  MPI_Win_free(&window_);  // collective: every rank frees (grows) the window at the same call
+  window_bytes_ = 0;
+}
+
+void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) {
+  DI_CHECK(peer_memory(), "expose: the mpi ranks are not all on one host; check peer_memory() first");
+  const size_t n = regions.size(), w = size_t(size_);
+  auto aligned = [](size_t b) { return (b + 63) / 64 * 64; };
+  // Every rank's region sizes (the deadline-bound collective that also proves all ranks are here).
+  std::vector<uint64_t> mine(n), sizes(n * w);
+  for (size_t i = 0; i < n; ++i) mine[i] = regions[i].size();
+  all_gather(mine.data(), sizes.data(), n * 8, DType::u8);
+  size_t need = 0;
+  for (size_t r = 0; r < w; ++r) {
+    size_t b = 0;
+    for (size_t i = 0; i < n; ++i) b += aligned(sizes[r * n + i]);
+    need = std::max(need, b);
+  }
+  if (window_ == MPI_WIN_NULL || need > window_bytes_) {  // same sizes everywhere: all ranks grow here
+    free_window();
+    const size_t bytes = std::max<size_t>(need + need / 4, size_t(1) << 20);
+    void* base = nullptr;
+    check_mpi(MPI_Win_allocate_shared(MPI_Aint(bytes), 1, MPI_INFO_NULL, node_comm_, &base, &window_),
+              "MPI_Win_allocate_shared");
+    check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
+    window_bytes_ = bytes;
+    window_at_.assign(w, nullptr);
+    for (int r = 0; r < size_; ++r) {
+      MPI_Aint sz = 0;
+      int unit = 0;
+      void* at = nullptr;
+      check_mpi(MPI_Win_shared_query(window_, r, &sz, &unit, &at), "MPI_Win_shared_query");
+      window_at_[size_t(r)] = static_cast<const std::byte*>(at);
+    }
+  }
+  auto* own = const_cast<std::byte*>(window_at_[size_t(rank_)]);
+  for (size_t i = 0, off = 0; i < n; off += aligned(regions[i].size()), ++i)
+    if (!regions[i].empty()) std::memcpy(own + off, regions[i].data(), regions[i].size());
+  // Stores before the barrier are visible to the peers' loads after it (MPI-3 separate/unified
+  // shared-memory model: sync, barrier, sync).
+  MPI_Win_sync(window_);
+  barrier();
+  MPI_Win_sync(window_);
+  peers.assign(n * w, nullptr);
+  for (size_t r = 0; r < w; ++r)
+    for (size_t i = 0, off = 0; i < n; off += aligned(sizes[r * n + i]), ++i)
+      peers[r * n + i] = window_at_[r] + off;
 }
 
 MpiGroup::Call MpiGroup::begin(OpKind op, size_t bytes) {

@@ -45,6 +45,10 @@ class MpiGroup final : public Group {
                          std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void barrier() override;
+  // Every rank on one host: a shared window (MPI_Win_allocate_shared over the node), grown on
+  // demand, that expose() copies each rank's regions into.
+  bool peer_memory() const override { return node_comm_ != MPI_COMM_NULL; }
+  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
 
   // A collective timed out (its requests are still pending): the job must be aborted.
   bool broken() const { return broken_; }
@@ -63,7 +67,13 @@ class MpiGroup final : public Group {
                     const std::vector<size_t>& send_offsets, std::byte* recv,
                     const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets);
 
+  void free_window();
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm node_comm_ = MPI_COMM_NULL;  // = comm_'s ranks, where they all share this host
+  MPI_Win window_ = MPI_WIN_NULL;
+  size_t window_bytes_ = 0;                 // per rank
+  std::vector<const std::byte*> window_at_;  // rank r's block, mapped here
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_;
