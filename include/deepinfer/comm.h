@@ -26,6 +26,13 @@ struct Capabilities {
   bool ordered_reduce = true;
 };
 
+// How ranks of a group can read each other's memory (Group::expose).
+enum class PeerMemory : uint8_t {
+  none,           // they cannot: everything moves through collectives
+  window,         // exposed bytes are copied into a shared window (mpi, every rank on one host)
+  address_space,  // one process: exposed bytes are read where they are, nothing copied (local)
+};
+
 class Group {
  public:
   virtual ~Group() = default;
@@ -63,12 +70,11 @@ class Group {
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
 
-  // Peer memory: true where every rank can read every other rank's memory — `local` (one
-  // process) and `mpi` with all ranks on one host (an MPI-3 shared window). The same answer on
-  // every rank. Wrappers that inject faults say false, so nothing goes around the collectives
-  // they break. EPBuffer's a2a combine reads its peers' expert outputs this way (DESIGN §4).
-  virtual bool peer_memory() const { return false; }
-  // Collective, where peer_memory(): every rank exposes the same number of regions, and gets
+  // Whether (and how) every rank can read every other rank's memory; the same answer on every
+  // rank. Wrappers that inject faults say none, so nothing goes around the collectives they
+  // break. EPBuffer's a2a direct lowering reads its peers' buffers this way (DESIGN §4).
+  virtual PeerMemory peer_memory() const { return PeerMemory::none; }
+  // Collective, where peer_memory() != none: every rank exposes the same number of regions, and gets
   // peers[r · regions.size() + i] = where rank r's region i is readable from here (local: r's own
   // pointer, nothing copied; mpi: r's copy in the shared window). They stay readable, and must
   // stay unchanged, until the ranks' next barrier(). Elsewhere it throws.

@@ -51,9 +51,10 @@ struct EPConfig {
   // Largest temporary of one ag combine collective; a chunk holds at least one token row per
   // rank, so W·cols·4 bytes (cols = K·H + K exact, H + K fast) is the floor.
   size_t chunk_bytes = knobs().ep_chunk_bytes;
-  // a2a combine on a group that shares one address space (Group::shares_address_space): each
-  // owner reads its tokens' expert outputs from the peers' y in place ("direct" lowering), else
-  // partials go through the exchange. Same bits either way.
+  // a2a on a group with peer memory (Group::peer_memory): combine reads the peers' expert
+  // outputs in place and, where the ranks share one address space, dispatch reads received rows
+  // where their sources hold them (the "direct" lowering); else records and partials go through
+  // the exchange. Same bits either way.
   bool peer_memory = knobs().ep_peer_memory;
 
   int scale_cols() const { return dispatch_dtype == DispatchDType::fp8 ? (hidden + kEpScaleBlock - 1) / kEpScaleBlock : 0; }

@@ -44,7 +44,7 @@ class CapabilitiesOverride final : public Group {
     inner_->broadcast(b, c, t, root);
   }
   void barrier() override { inner_->barrier(); }
-  bool peer_memory() const override { return inner_->peer_memory(); }
+  PeerMemory peer_memory() const override { return inner_->peer_memory(); }
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
     inner_->expose(regions, peers);
   }

@@ -31,7 +31,7 @@ constexpr std::array<KnobDoc, 14> kKnobDocs{{
     {"DEEPINFER_EP_COMBINE", "exact, fast", "exact",
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
     {"DEEPINFER_EP_PEER_MEMORY", "on, off", "on",
-     "all-to-all combine: where ranks share one address space (`local`), owners read the peers' expert outputs in place instead of exchanging partials"},
+     "a2a where the ranks share memory (local, or mpi on one host): combine (and on local dispatch) reads the peers' buffers in place instead of exchanging them"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",

@@ -279,7 +279,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
           cs.align = ea % 2 ? 128 : 1;
           cs.combine = cm;
           // a2a on a group with peer memory: the direct combine and the exchange one.
-          const int variants = algo == EpAlgo::ag ? 8 : (group.peer_memory() ? 2 : 1);
+          const int variants = algo == EpAlgo::ag ? 8 : (group.peer_memory() != PeerMemory::none ? 2 : 1);
           for (int v = 0; v < variants; ++v) {
             if (algo == EpAlgo::ag && prune && (v + base_index) % keep_every != 0) continue;
             cs.rows = v & 1 ? AgRows::cap : AgRows::max;

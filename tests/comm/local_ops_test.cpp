@@ -69,6 +69,15 @@ TEST_P(LocalWorldSize, AllGather) {
   }
 }
 
+TEST_P(LocalWorldSize, ExposeReadsEveryRanksRegions) {
+  std::atomic<int> bad{0};
+  run_ranks(local_opts(GetParam()), [&](Group& g) {
+    if (g.peer_memory() != PeerMemory::address_space) bad += 1000;
+    bad += test::expose_mismatches(g);
+  });
+  EXPECT_EQ(bad.load(), 0);
+}
+
 TEST_P(LocalWorldSize, AllGatherInPlace) {
   const int n = GetParam();
   Mismatches bad;

@@ -179,6 +179,13 @@ TEST(Mpi, EveryOpEverySize) {
   });
 }
 
+TEST(Mpi, ExposeReadsEveryRanksRegions) {
+  run_ranks(mpi_opts(), [](Group& g) {
+    ASSERT_EQ(g.peer_memory(), PeerMemory::window);  // ctest starts every rank on this host
+    EXPECT_EQ(test::expose_mismatches(g), 0);
+  });
+}
+
 // With the count limit at 1000, every op takes its > INT_MAX path: derived datatypes with a
 // remainder, chunked all_reduce / reduce_scatter, and point-to-point _v exchanges.
 TEST(Mpi, BigCountPathsWithALoweredLimit) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 namespace deepinfer::test {
@@ -30,6 +31,33 @@ inline std::vector<std::byte> payload(size_t count, size_t es, uint64_t a, uint6
   std::vector<std::byte> v(count * es);
   fill_payload(v.data(), count, es, a, b);
   return v;
+}
+
+// Group::expose over three rounds whose sizes grow (the mpi window is re-allocated) and differ by
+// rank, with a region empty on rank 0 and one empty everywhere: every rank reads every rank's payload. Returns the regions that
+// came back wrong (0 = pass).
+inline int expose_mismatches(Group& g) {
+  const int n = g.size(), me = g.rank();
+  int bad = 0;
+  for (uint64_t round = 1; round <= 3; ++round) {
+    // Past the mpi window's first 1 MiB by round 2 at small worlds (kept small at 64 ranks).
+    const size_t big = n <= 4 ? round * round * round * round * 100000 : round * 1000;
+    auto size_of = [&](int r, size_t i) { return i == 0 ? big + size_t(r) * 7 : i == 1 ? size_t(r) * 13 : 0; };
+    std::vector<std::vector<std::byte>> mine;
+    std::vector<std::span<const std::byte>> regions;
+    for (size_t i = 0; i < 3; ++i) mine.push_back(payload(size_of(me, i), 1, round * 10 + i, uint64_t(me)));
+    for (const auto& m : mine) regions.emplace_back(m.data(), m.size());
+    std::vector<const std::byte*> peers;
+    g.expose(regions, peers);
+    if (peers.size() != size_t(n) * 3) return 1000;
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < 3; ++i) {
+        const auto want = payload(size_of(r, i), 1, round * 10 + i, uint64_t(r));
+        bad += !want.empty() && std::memcmp(peers[size_t(r) * 3 + i], want.data(), want.size()) != 0;
+      }
+    g.barrier();
+  }
+  return bad;
 }
 
 inline LaunchOptions local_opts(int world, double timeout_s = 20.0, std::string fault = {}) {

@@ -51,7 +51,7 @@ class CountingGroup final : public Group {
     ++calls["barrier"];
     inner_.barrier();
   }
-  bool peer_memory() const override { return inner_.peer_memory(); }
+  PeerMemory peer_memory() const override { return inner_.peer_memory(); }
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
     ++calls["expose"];
     inner_.expose(regions, peers);

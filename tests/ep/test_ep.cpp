@@ -176,23 +176,33 @@ TEST(EpAllGather, IssuesNoAllToAll) {
 }
 
 TEST(EpAllToAll, CachedDispatchSkipsCountCollective) {
-  run_local(3, [](Group& inner) {
-    test::CountingGroup g(inner);
-    EPConfig cfg = small_config(3);
-    cfg.algo = EpAlgo::a2a;
-    ep::ref::GenParams gp{3, 3, cfg};
-    ep::ref::RankInput in = ep::ref::make_input(gp, g.rank());
-    EPBuffer buf(g, cfg);
-    const DispatchInput di = in.as_input(cfg);
-    const DispatchOutput out = buf.dispatch(di);
-    g.calls.clear();
-    buf.dispatch(di.x, di.scales, out.handle);
-    EXPECT_EQ(g.calls["all_gather"], 0);
-    EXPECT_EQ(g.calls["all_reduce"], 0);
-    // Only the data moves: under the `v` lowering the small records and the x rows
-    // (all_to_all_v_rows, which this wrapper sees as its packed all_to_all_v).
-    EXPECT_EQ(g.calls["all_to_all"] + g.calls["all_to_all_v"], 2);
-  });
+  for (bool peer_memory : {false, true})
+    run_local(3, [&](Group& inner) {
+      test::CountingGroup g(inner);
+      EPConfig cfg = small_config(3);
+      cfg.algo = EpAlgo::a2a;
+      cfg.peer_memory = peer_memory;
+      ep::ref::GenParams gp{3, 3, cfg};
+      ep::ref::RankInput in = ep::ref::make_input(gp, g.rank());
+      EPBuffer buf(g, cfg);
+      const DispatchInput di = in.as_input(cfg);
+      const DispatchOutput out = buf.dispatch(di);
+      g.calls.clear();
+      const DispatchOutput cached = buf.dispatch(di.x, di.scales, out.handle);
+      EXPECT_EQ(std::memcmp(cached.x.raw(), out.x.raw(), out.x.nbytes()), 0);
+      EXPECT_EQ(g.calls["all_gather"], 0);
+      EXPECT_EQ(g.calls["all_reduce"], 0);
+      if (peer_memory) {
+        // The direct lowering: rows read where the sources hold them, then one barrier.
+        EXPECT_EQ(g.calls["expose"], 1);
+        EXPECT_EQ(g.calls["barrier"], 1);
+        EXPECT_EQ(g.calls["all_to_all"] + g.calls["all_to_all_v"], 0);
+      } else {
+        // Only the data moves: under the `v` lowering the small records and the x rows
+        // (all_to_all_v_rows, which this wrapper sees as its packed all_to_all_v).
+        EXPECT_EQ(g.calls["all_to_all"] + g.calls["all_to_all_v"], 2);
+      }
+    });
 }
 
 TEST(EpAllToAll, MatchesReferenceWithEveryLowering) {
@@ -220,7 +230,7 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
         std::map<std::string, int> calls;
         run_local(3, [&](Group& inner) {
           test::CountingGroup g(inner);
-          ASSERT_TRUE(g.peer_memory());
+          ASSERT_EQ(g.peer_memory(), PeerMemory::address_space);
           EPConfig cfg = small_config(3);
           cfg.algo = EpAlgo::a2a;
           cfg.combine = cm;

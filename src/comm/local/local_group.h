@@ -96,7 +96,7 @@ class LocalGroup final : public Group {
                          std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void barrier() override;
-  bool peer_memory() const override { return true; }  // one process: a pointer is enough
+  PeerMemory peer_memory() const override { return PeerMemory::address_space; }
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
 
  private:

@@ -176,7 +176,7 @@ void MpiGroup::free_window() {
 }
 
 void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) {
-  DI_CHECK(peer_memory(), "expose: the mpi ranks are not all on one host; check peer_memory() first");
+  DI_CHECK(peer_memory() != PeerMemory::none, "expose: the mpi ranks are not all on one host; check peer_memory() first");
   const size_t n = regions.size(), w = size_t(size_);
   auto aligned = [](size_t b) { return (b + 63) / 64 * 64; };
   // Every rank's region sizes (the deadline-bound collective that also proves all ranks are here).

@@ -47,7 +47,9 @@ class MpiGroup final : public Group {
   void barrier() override;
   // Every rank on one host: a shared window (MPI_Win_allocate_shared over the node), grown on
   // demand, that expose() copies each rank's regions into.
-  bool peer_memory() const override { return node_comm_ != MPI_COMM_NULL; }
+  PeerMemory peer_memory() const override {
+    return node_comm_ != MPI_COMM_NULL ? PeerMemory::window : PeerMemory::none;
+  }
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
 
   // A collective timed out (its requests are still pending): the job must be aborted.
