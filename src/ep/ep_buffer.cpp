@@ -233,8 +233,7 @@ struct EPBuffer::Impl {
     uint64_t bytes = 0;
     for (int r = 0; r < world; ++r) {
       const std::byte* const* at = exposed.data() + size_t(r) * regions.size();
-      int64_t q = 0;  // where r's tokens for this rank start in r's send list
-      for (int d = 0; d < rank; ++d) q += h.plan.send(r, d);
+      int64_t q = h.plan.send_offset(r, rank);
       for (const int64_t end = q + h.plan.send(r, rank); q < end; ++q) {
         int64_t t;
         std::memcpy(&t, at[4] + size_t(q) * 8, 8);
@@ -576,8 +575,7 @@ struct EPBuffer::Impl {
     uint64_t bytes_read = 0;
     for (int r = 0; r < world; ++r) {
       // Rank r received its rows in (source rank, source token) order: this rank's start there.
-      int64_t row = 0;
-      for (int o = 0; o < rank; ++o) row += h.plan.send(o, r);
+      int64_t row = h.plan.recv_offset(rank, r);
       for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q, ++row) {
         const int64_t t = h.send_tokens[size_t(q)];
         if (!cfg.expand) bytes_read += hd * 2;  // one y row per received row, else one per slot

@@ -203,10 +203,10 @@ void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::
       int unit = 0;
       void* at = nullptr;
       check_mpi(MPI_Win_shared_query(window_, r, &sz, &unit, &at), "MPI_Win_shared_query");
-      window_at_[size_t(r)] = static_cast<const std::byte*>(at);
+      window_at_[size_t(r)] = static_cast<std::byte*>(at);
     }
   }
-  auto* own = const_cast<std::byte*>(window_at_[size_t(rank_)]);
+  std::byte* own = window_at_[size_t(rank_)];
   for (size_t i = 0, off = 0; i < n; off += aligned(regions[i].size()), ++i)
     if (!regions[i].empty()) std::memcpy(own + off, regions[i].data(), regions[i].size());
   // Stores before the barrier are visible to the peers' loads after it (MPI-3 separate/unified

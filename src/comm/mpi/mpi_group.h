@@ -75,7 +75,7 @@ class MpiGroup final : public Group {
   MPI_Comm node_comm_ = MPI_COMM_NULL;  // = comm_'s ranks, where they all share this host
   MPI_Win window_ = MPI_WIN_NULL;
   size_t window_bytes_ = 0;                 // per rank
-  std::vector<const std::byte*> window_at_;  // rank r's block, mapped here
+  std::vector<std::byte*> window_at_;       // rank r's block, mapped here
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_;

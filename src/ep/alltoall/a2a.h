@@ -26,6 +26,18 @@ struct Plan {
   int64_t max_split = 0;
   int first_invalid_rank = -1;  // lowest rank that passed invalid input (split left empty), or -1
   int64_t send(int i, int j) const { return split[size_t(i) * size_t(world) + size_t(j)]; }
+  // Where rank i's records for rank j start in i's send list (ranks in order).
+  int64_t send_offset(int i, int j) const {
+    int64_t o = 0;
+    for (int d = 0; d < j; ++d) o += send(i, d);
+    return o;
+  }
+  // Where rank i's records start among rank j's received ones (source ranks in order).
+  int64_t recv_offset(int i, int j) const {
+    int64_t o = 0;
+    for (int s = 0; s < i; ++s) o += send(s, j);
+    return o;
+  }
 };
 
 // Same on every rank given the same matrix. Throws when the backend trusts no lowering.
