@@ -94,9 +94,11 @@ DI_ROW_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m,
   size_t c = 0;
   for (; c + 64 <= n; c += 64) {  // four independent sums hide the add latency
     V16f e0 = {}, o0 = {}, e1 = {}, o1 = {};
+    EvenOdd v0{}, v1{};
     for (int s = 0; s < m; ++s) {
       const float ws = w ? w[s] : 1.0f;
-      const EvenOdd v0 = load_bf16x32(y[s] + c), v1 = load_bf16x32(y[s] + c + 32);
+      // Without the expand layout a row's local slots share one y row: decoded once.
+      if (s == 0 || y[s] != y[s - 1]) v0 = load_bf16x32(y[s] + c), v1 = load_bf16x32(y[s] + c + 32);
       e0 += ws * v0.even;
       o0 += ws * v0.odd;
       e1 += ws * v1.even;
@@ -126,10 +128,12 @@ DI_ROW_CLONES void sum_of_partials(const float* w, const uint16_t* const* y, con
   size_t c = 0;
   for (; c + 64 <= n; c += 64) {
     V16f e0 = {}, o0 = {}, e1 = {}, o1 = {};
+    EvenOdd v0{}, v1{};
     for (int g = 0, s = 0; g < groups; ++g) {
       V16f pe0 = {}, po0 = {}, pe1 = {}, po1 = {};
       for (; s < group_end[g]; ++s) {
-        const EvenOdd v0 = load_bf16x32(y[s] + c), v1 = load_bf16x32(y[s] + c + 32);
+        // Without the expand layout a rank's slots share one y row: decoded once per group.
+        if (s == 0 || y[s] != y[s - 1]) v0 = load_bf16x32(y[s] + c), v1 = load_bf16x32(y[s] + c + 32);
         pe0 += w[s] * v0.even;
         po0 += w[s] * v0.odd;
         pe1 += w[s] * v1.even;

@@ -34,7 +34,8 @@ TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
   for (size_t n : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 200, 7168, 7205})
     for (int m : {0, 1, 2, 3, 8})
       for (bool weighted : {false, true})
-        for (bool canon : {false, true}) {
+        for (int canon_shared = 0; canon_shared < 4; ++canon_shared) {
+          const bool canon = canon_shared & 1, shared = canon_shared & 2;  // shared: every slot reads row 0
           std::vector<std::vector<uint16_t>> y(static_cast<size_t>(m), std::vector<uint16_t>(n));
           std::vector<const uint16_t*> ptr;
           std::vector<float> w(static_cast<size_t>(m));
@@ -50,6 +51,8 @@ TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
             }
             ptr.push_back(row.data());
           }
+          if (shared)
+            for (size_t s = 1; s < y.size(); ++s) y[s] = y[0], ptr[s] = ptr[0];
           std::vector<uint16_t> bits(n, 0xdead);
           std::vector<float> f32(n, -1.0f);
           ep::rows::weighted_sum(weighted ? w.data() : nullptr, ptr.data(), m, n, canon, bits.data(), f32.data());
@@ -73,7 +76,8 @@ TEST(RowMath, SumOfPartialsMatchesPartialsThenTheirSum) {
   const std::vector<std::vector<int>> group_sizes = {{}, {1}, {3}, {2, 3}, {1, 1, 1, 1}, {4, 2, 1}, {1, 5, 2}};
   int checked = 0;
   for (size_t n : {1, 15, 16, 17, 33, 63, 64, 65, 200, 7168, 7205})
-    for (const std::vector<int>& sizes : group_sizes) {
+    for (const std::vector<int>& sizes : group_sizes)
+      for (bool shared_rows : {false, true}) {  // shared: a group's slots read one row (no expand)
       std::vector<int> end;
       int m = 0;
       for (int g : sizes) end.push_back(m += g);
@@ -92,6 +96,9 @@ TEST(RowMath, SumOfPartialsMatchesPartialsThenTheirSum) {
         }
         ptr.push_back(row.data());
       }
+      if (shared_rows)
+        for (size_t g = 0, s = 0; g < end.size(); ++g)
+          for (size_t first = s; s < size_t(end[g]); ++s) y[s] = y[first], ptr[s] = ptr[first];
       std::vector<uint16_t> bits(n, 0xdead);
       ep::rows::sum_of_partials(w.data(), ptr.data(), end.data(), int(end.size()), n, bits.data());
       for (size_t c = 0; c < n; ++c) {
