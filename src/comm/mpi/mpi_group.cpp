@@ -193,8 +193,11 @@ void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::
     free_window();
     const size_t bytes = std::max<size_t>(need + need / 4, size_t(1) << 20);
     void* base = nullptr;
-    check_mpi(MPI_Win_allocate_shared(MPI_Aint(bytes), 1, MPI_INFO_NULL, node_comm_, &base, &window_),
-              "MPI_Win_allocate_shared");
+    const int rc = MPI_Win_allocate_shared(MPI_Aint(bytes), 1, MPI_INFO_NULL, node_comm_, &base, &window_);
+    if (rc != MPI_SUCCESS)
+      DI_FAIL("expose: MPI_Win_allocate_shared of {} bytes per rank failed ({}); free shared memory "
+              "(/dev/shm) or set DEEPINFER_EP_PEER_MEMORY=off to move EP data through collectives",
+              bytes, mpi_error_string(rc));
     check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
     window_bytes_ = bytes;
     window_at_.assign(w, nullptr);
