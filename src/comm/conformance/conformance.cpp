@@ -265,6 +265,7 @@ class Suite {
   void op_all_to_all();
   void op_all_to_all_v();
   void op_all_to_all_v_rows();
+  void op_expose();
 
   template <class T>
   void all_reduce_case(DType dt, ReduceOp op, const std::string& size, size_t n);
@@ -621,6 +622,40 @@ void Suite::op_all_to_all_v_rows() {
   }
 }
 
+// expose (where the group has peer memory): two regions per rank whose sizes differ by rank, the
+// second empty on odd ranks, at odd sizes and >= 1 MiB; every rank checks every rank's regions
+// byte for byte where expose says they are, then the closing barrier; the exposed bytes must
+// come through unmodified.
+void Suite::op_expose() {
+  if (g_.peer_memory() == PeerMemory::none) return;  // the same answer on every rank
+  for (size_t u : {size_t(1), size_t(4099), kLargeBytes}) {
+    auto bytes = [&](int r, int i) { return i == 0 ? u + size_t(r % 3) * 37 : (r % 2 ? 0 : u / 2 + 11); };
+    size_t total = 0;
+    for (int r = 0; r < world_; ++r) total += bytes(r, 0) + bytes(r, 1);
+    begin("expose", "u8", "2 regions, sizes by rank", fmt::format("{}", u), total);
+    const uint64_t salt = next_salt();
+    SendBuffer mine(send_arena_, copy_arena_, bytes(me_, 0) + bytes(me_, 1));
+    fill_pattern(mine.data(), bytes(me_, 0), DType::u8, block_seed(salt, me_, 0));
+    fill_pattern(mine.data() + bytes(me_, 0), bytes(me_, 1), DType::u8, block_seed(salt, me_, 1));
+    mine.snapshot();
+    const std::array<std::span<const std::byte>, 2> regions{std::span<const std::byte>(mine.data(), bytes(me_, 0)),
+                                                            std::span<const std::byte>(mine.data() + bytes(me_, 0), bytes(me_, 1))};
+    std::vector<const std::byte*> peers;
+    g_.expose(regions, peers);
+    Record rec;
+    if (peers.size() != size_t(world_) * 2) {
+      rec.mismatch(0, -1, size_t(world_) * 2, peers.size());
+    } else {
+      for (int r = 0; r < world_; ++r)
+        for (int i = 0; i < 2; ++i)
+          check_block(rec, peers[size_t(r) * 2 + size_t(i)], bytes(r, i), DType::u8, block_seed(salt, r, i), r);
+    }
+    g_.barrier();
+    if (mine.modified()) rec.flags |= kFlagSendModified;
+    finish(DType::u8, rec);
+  }
+}
+
 std::string Suite::detail(const Record& rec, int on_rank, DType fmt_dtype, uint64_t total_wrong) const {
   std::string s;
   if (rec.flags & kFlagBarrierEarly) {
@@ -698,6 +733,7 @@ SuiteReport Suite::run() {
     run_op("all_to_all", &Suite::op_all_to_all);
     run_op("all_to_all_v", &Suite::op_all_to_all_v);
     run_op("all_to_all_v_rows", &Suite::op_all_to_all_v_rows);
+    run_op("expose", &Suite::op_expose);
   } catch (const std::exception& e) {
     SuiteStop& st = report_.stop;
     st.stopped = true;
