@@ -30,8 +30,8 @@ constexpr std::array<KnobDoc, 14> kKnobDocs{{
      "largest single collective message EP issues; bigger transfers are split"},
     {"DEEPINFER_EP_COMBINE", "exact, fast", "exact",
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
-    {"DEEPINFER_EP_PEER_MEMORY", "on, off", "on",
-     "a2a where the ranks share memory (local, or mpi on one host): combine (and on local dispatch) reads the peers' buffers in place instead of exchanging them"},
+    {"DEEPINFER_EP_PEER_MEMORY", "auto, on, off", "auto",
+     "a2a where the ranks share memory (local, or mpi on one host): combine (and on local dispatch) reads the peers' buffers in place instead of exchanging them; auto: once a call moves >= 256 KiB per rank"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
@@ -160,7 +160,9 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
     k.ep_combine = parse_enum<CombineMode, 2>(
         "DEEPINFER_EP_COMBINE", *v, {{{"exact", CombineMode::exact}, {"fast", CombineMode::fast}}});
   if (auto v = get("DEEPINFER_EP_PEER_MEMORY"))
-    k.ep_peer_memory = parse_enum<bool, 2>("DEEPINFER_EP_PEER_MEMORY", *v, {{{"on", true}, {"off", false}}});
+    k.ep_peer_memory = parse_enum<EpPeerMemory, 3>(
+        "DEEPINFER_EP_PEER_MEMORY", *v,
+        {{{"on", EpPeerMemory::on}, {"off", EpPeerMemory::off}, {"auto", EpPeerMemory::automatic}}});
   if (auto v = get("DEEPINFER_KERNELS"))
     k.kernels = parse_enum<KernelBackend, 2>(
         "DEEPINFER_KERNELS", *v, {{{"host", KernelBackend::host}, {"cpu", KernelBackend::cpu}}});
@@ -243,6 +245,9 @@ std::string_view to_string(EpAlgo v) {
   return "?";
 }
 std::string_view to_string(CombineMode v) { return v == CombineMode::exact ? "exact" : "fast"; }
+std::string_view to_string(EpPeerMemory v) {
+  return v == EpPeerMemory::on ? "on" : v == EpPeerMemory::off ? "off" : "auto";
+}
 std::string_view to_string(KernelBackend v) { return v == KernelBackend::host ? "host" : "cpu"; }
 std::string_view to_string(CommKind v) { return v == CommKind::local ? "local" : "mpi"; }
 std::string_view to_string(AgRows v) { return v == AgRows::max ? "max" : "cap"; }

@@ -18,6 +18,8 @@ enum class EpAlgo : uint8_t { ag, a2a, automatic };
 enum class AgRows : uint8_t { max, cap };
 enum class EpReduce : uint8_t { rs, ar };
 enum class CombineMode : uint8_t { exact, fast };
+// a2a's direct lowering (peer memory): never, always, or where the call moves enough bytes.
+enum class EpPeerMemory : uint8_t { off, on, automatic };
 enum class KernelBackend : uint8_t { host, cpu };
 
 struct Knobs {
@@ -28,7 +30,7 @@ struct Knobs {
   EpReduce ep_reduce = EpReduce::rs;       // DEEPINFER_EP_REDUCE = rs|ar
   size_t ep_chunk_bytes = 64ull << 20;     // DEEPINFER_EP_CHUNK_BYTES (>= 4096)
   CombineMode ep_combine = CombineMode::exact;  // DEEPINFER_EP_COMBINE = exact|fast
-  bool ep_peer_memory = true;              // DEEPINFER_EP_PEER_MEMORY = on|off
+  EpPeerMemory ep_peer_memory = EpPeerMemory::automatic;  // DEEPINFER_EP_PEER_MEMORY = on|off|auto
   KernelBackend kernels = KernelBackend::cpu;   // DEEPINFER_KERNELS = host|cpu
   bool decode_layout = true;               // DEEPINFER_DECODE_LAYOUT = on|off
   int threads = 0;                         // DEEPINFER_THREADS (0 = hardware threads)
@@ -64,6 +66,7 @@ std::span<const KnobDoc> knob_docs();
 
 std::string_view to_string(EpAlgo);
 std::string_view to_string(CombineMode);
+std::string_view to_string(EpPeerMemory);
 std::string_view to_string(KernelBackend);
 std::string_view to_string(CommKind);
 std::string_view to_string(AgRows);

@@ -21,7 +21,7 @@ struct CaseSpec {
   AgRows rows = AgRows::max;
   EpReduce reduce = EpReduce::rs;
   bool small_chunk = false;
-  bool peer_memory = true;  // a2a combine: direct lowering where the group shares an address space
+  bool peer_memory = true;  // a2a: the direct lowering (on), else the exchange (off)
 
   std::string name() const {
     std::string s = fmt::format("algo={} dtype={} expand={} align={} combine={}", to_string(algo),
@@ -306,7 +306,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     cfg.ag_rows = cs.rows;
     cfg.reduce = cs.reduce;
     cfg.chunk_bytes = cs.small_chunk ? 4096 : (64u << 20);
-    cfg.peer_memory = cs.peer_memory;
+    cfg.peer_memory = cs.peer_memory ? EpPeerMemory::on : EpPeerMemory::off;
     Checker c{cs.name(), me};
     std::vector<ref::RankInput>& all = inputs[int(cs.dtype)];
     ref::RankInput& in = all[size_t(me)];

@@ -39,14 +39,12 @@ std::string EPConfig::describe() const {
       "chunk={} peer_memory={}",
       num_experts, hidden, num_topk, num_max_tokens_per_rank,
       dispatch_dtype == DispatchDType::fp8 ? "fp8" : "bf16", expert_alignment, expand ? 1 : 0,
-      to_string(algo), to_string(combine), to_string(ag_rows), to_string(reduce), chunk_bytes, peer_memory ? "on" : "off");
+      to_string(algo), to_string(combine), to_string(ag_rows), to_string(reduce), chunk_bytes, to_string(peer_memory));
 }
 
-EpAlgo resolve_ep_algo(EpAlgo requested, int world, int num_topk, const Capabilities& caps) {
+EpAlgo resolve_ep_algo(EpAlgo requested, const Capabilities& caps) {
   if (requested != EpAlgo::automatic) return requested;
-  // ag moves W·R records per rank, a2a about T·min(W, K): equal for W <= K, a2a less beyond.
-  if (caps.all_to_all_v && world > num_topk) return EpAlgo::a2a;
-  return EpAlgo::ag;
+  return caps.all_to_all_v ? EpAlgo::a2a : EpAlgo::ag;
 }
 
 }  // namespace deepinfer

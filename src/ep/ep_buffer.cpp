@@ -166,10 +166,11 @@ struct EPBuffer::Impl {
     }
   }
 
-  // a2a: exchange under the plan and list the received rows. Where all_to_all_v is trusted, the
-  // x rows go by all_to_all_v_rows straight from the caller's x (no pack copy) into x_dst when
-  // given (the output itself: no unpack copy either) and the small [scales|weights|idx|token]
-  // records by a second all_to_all_v; else whole records are packed for the plan's lowering.
+  // a2a: exchange under the plan and list the received rows. Where all_to_all_v is trusted and
+  // the call is large, the x rows go by all_to_all_v_rows straight from the caller's x (no pack
+  // copy) into x_dst when given (the output itself: no unpack copy either) and the small
+  // [scales|weights|idx|token] records by a second all_to_all_v; else whole records are packed
+  // for the plan's lowering (a small call saves a collective round that way).
   void a2a_exchange(const HandleData& h, const PackSource& src, std::vector<RowRef>& rows, std::byte* x_dst) {
     const int k = cfg.num_topk, p = cfg.scale_cols();
     const size_t n_send = h.send_tokens.size();
@@ -181,7 +182,7 @@ struct EPBuffer::Impl {
       n_recv += rc[size_t(r)];
     }
     log_once(fmt::format("a2a dispatch lowering = {}", ep::a2a::to_string(h.plan.lowering)));
-    const bool split = h.plan.lowering == ep::a2a::Lowering::v;
+    const bool split = rows_apart(h);
     const RecordLayout& rl = split ? sizes.a2a_meta : sizes.a2a_record;
     if (send_buf.size() < n_send * rl.bytes) send_buf.resize(n_send * rl.bytes);
     for (size_t i = 0; i < n_send; ++i)
@@ -211,6 +212,25 @@ struct EPBuffer::Impl {
         std::memcpy(&t, rec + rl.off_token, 8);
         rows.push_back(record_row(rl, int32_t(r), int32_t(t), split ? x_recv + pos * rl.x_bytes : rec, rec));
       }
+  }
+
+  // Whether an a2a call on peer memory takes the direct lowering: per EPConfig::peer_memory, and
+  // under `automatic` once the received rows (row_bytes each) average kEpDirectMinBytes per rank.
+  // The split matrix is the same on every rank, so is the answer.
+  bool use_direct(const HandleData& h, size_t row_bytes) const {
+    if (cfg.peer_memory != EpPeerMemory::automatic) return cfg.peer_memory == EpPeerMemory::on;
+    return large_call(h, row_bytes);
+  }
+  // The a2a call moves kEpDirectMinBytes per rank on average (rows of row_bytes): bandwidth,
+  // not collective rounds, sets its time. The same answer on every rank.
+  bool large_call(const HandleData& h, size_t row_bytes) const {
+    int64_t rows = 0;
+    for (int64_t v : h.plan.split) rows += v;
+    return uint64_t(rows) * row_bytes >= uint64_t(world) * kEpDirectMinBytes;
+  }
+  // a2a dispatch under the `v` lowering sends x rows apart from their records for a large call.
+  bool rows_apart(const HandleData& h) const {
+    return h.plan.lowering == ep::a2a::Lowering::v && large_call(h, sizes.ag_record.x_bytes);
   }
 
   // a2a dispatch, direct lowering (peers share the address space): every rank exposes its x, scales,
@@ -251,7 +271,7 @@ struct EPBuffer::Impl {
   // The a2a dispatch output x, allocated before the exchange so the rows land in it directly
   // (non-expand layout over all_to_all_v_rows); else undefined.
   Tensor a2a_x_out(const HandleData& h) const {
-    if (cfg.expand || h.plan.lowering != ep::a2a::Lowering::v) return {};
+    if (cfg.expand || !rows_apart(h)) return {};
     int64_t n_recv = 0;
     for (int r = 0; r < world; ++r) n_recv += h.plan.send(r, rank);
     return Tensor::empty(cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16, {n_recv, cfg.hidden});
@@ -423,7 +443,7 @@ struct EPBuffer::Impl {
     }
     // Direct dispatch only where exposing copies nothing: behind a shared window the exposed x
     // would be one copy more than the exchange (mpi W=2: 1.06 vs 0.80 ms).
-    if (cfg.peer_memory && group.peer_memory() == PeerMemory::address_space) {
+    if (group.peer_memory() == PeerMemory::address_space && use_direct(h, sizes.ag_record.x_bytes)) {
       a2a_direct_rows(h, src, rows);
       DispatchOutput out = unpack(rows, h_fill, h);
       group.barrier();  // the sources' buffers stay put until every rank has read its rows
@@ -614,7 +634,7 @@ struct EPBuffer::Impl {
   }
 
   void combine_a2a(const HandleData& h, const uint16_t* y, CombineOutput& out) {
-    if (cfg.peer_memory && group.peer_memory() != PeerMemory::none) return combine_direct(h, y, out);
+    if (group.peer_memory() != PeerMemory::none && use_direct(h, size_t(cfg.hidden) * 2)) return combine_direct(h, y, out);
     const int k = cfg.num_topk, hd = cfg.hidden;
     const bool exact = cfg.combine == CombineMode::exact;
     const int64_t* own_idx = h.topk_idx.data<int64_t>();
@@ -742,7 +762,7 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
   const int64_t bad = err.empty() ? 0 : 1;
   if (err.empty()) {
     s.local_experts = config.num_experts / s.world;
-    s.algo = resolve_ep_algo(config.algo, s.world, config.num_topk, group.capabilities());
+    s.algo = resolve_ep_algo(config.algo, group.capabilities());
     s.sizes = ep::ep_size_hint(config, s.world);
   }
   // One MAX all_reduce of (v, -v) pairs: every rank learns min and max of each field.
@@ -758,7 +778,7 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
       {"algo (resolved)", int64_t(s.algo)},
       {"combine", int64_t(config.combine)},
       {"ag_rows/reduce", int64_t(config.ag_rows) * 2 + int64_t(config.reduce)},
-      {"peer_memory", config.peer_memory},
+      {"peer_memory", int64_t(config.peer_memory)},
   }};
   std::array<int64_t, 2 * fields.size()> v{};
   for (size_t i = 0; i < fields.size(); ++i) {
@@ -777,8 +797,8 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
     log_debug("ep: EPBuffer W={} {} -> algorithm {} on {}", s.world, config.describe(), to_string(s.algo),
               group.backend());
   if (config.algo == EpAlgo::automatic)
-    s.log_once(fmt::format("auto -> {} (W={}, K={}, all_to_all_v {})", to_string(s.algo), s.world,
-                           config.num_topk, group.capabilities().all_to_all_v ? "trusted" : "not trusted"));
+    s.log_once(fmt::format("auto -> {} (W={}, all_to_all_v {})", to_string(s.algo), s.world,
+                           group.capabilities().all_to_all_v ? "trusted" : "not trusted"));
 }
 
 EPBuffer::~EPBuffer() = default;

@@ -47,9 +47,10 @@ TEST(Env, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(k.decode_layout);
   EXPECT_FALSE(parse({{"DEEPINFER_DECODE_LAYOUT", "off"}}).decode_layout);
   EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
-  EXPECT_TRUE(k.ep_peer_memory);
-  EXPECT_FALSE(parse({{"DEEPINFER_EP_PEER_MEMORY", "off"}}).ep_peer_memory);
-  EXPECT_TRUE(parse({{"DEEPINFER_EP_PEER_MEMORY", "on"}}).ep_peer_memory);
+  EXPECT_EQ(k.ep_peer_memory, EpPeerMemory::automatic);
+  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "off"}}).ep_peer_memory, EpPeerMemory::off);
+  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "on"}}).ep_peer_memory, EpPeerMemory::on);
+  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "auto"}}).ep_peer_memory, EpPeerMemory::automatic);
   EXPECT_EQ(k.fault, "");
   EXPECT_EQ(k.capabilities_file, "");
   EXPECT_EQ(k.log_level, "info");
@@ -136,7 +137,7 @@ TEST(Env, EveryKnobRejectsInvalidValues) {
         {"4095", "0", "3K", "-4096", "4096.0", "1T", "64MB", "M", "0x1000", "99999999999999999999",
          "17179869184G", " 4096"}}},
       {"DEEPINFER_EP_COMBINE", {"exact, fast", {"EXACT", "approx"}}},
-      {"DEEPINFER_EP_PEER_MEMORY", {"on, off", {"ON", "1", "shm"}}},
+      {"DEEPINFER_EP_PEER_MEMORY", {"auto, on, off", {"ON", "1", "shm", "automatic"}}},
       {"DEEPINFER_KERNELS", {"host, cpu", {"cuda", "CPU", "reference"}}},
       {"DEEPINFER_DECODE_LAYOUT", {"on, off", {"ON", "1", "true", "yes"}}},
       {"DEEPINFER_THREADS", {"integer >= 0", {"-1", "two", "1.5", "4K", "100000", "+2"}}},

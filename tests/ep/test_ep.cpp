@@ -74,14 +74,14 @@ TEST(EpConfig, ValidateNamesTheField) {
   EXPECT_NE(error_of([&] { bad.validate(2); }).find("num_max_tokens_per_rank"), std::string::npos);
 }
 
-TEST(EpConfig, AutoFollowsCapabilitiesAndBytes) {
+TEST(EpConfig, AutoFollowsCapabilities) {
   Capabilities trusted;
   Capabilities no_v;
   no_v.all_to_all_v = false;
-  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, 16, 8, trusted), EpAlgo::a2a);
-  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, 8, 8, trusted), EpAlgo::ag);  // W <= K: same bytes
-  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, 16, 8, no_v), EpAlgo::ag);
-  EXPECT_EQ(resolve_ep_algo(EpAlgo::a2a, 2, 8, no_v), EpAlgo::a2a);  // explicit stays
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, trusted), EpAlgo::a2a);
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::automatic, no_v), EpAlgo::ag);
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::a2a, no_v), EpAlgo::a2a);  // explicit stays
+  EXPECT_EQ(resolve_ep_algo(EpAlgo::ag, trusted), EpAlgo::ag);
 }
 
 TEST(EpLayout, CountsMatchHandComputed) {
@@ -181,7 +181,7 @@ TEST(EpAllToAll, CachedDispatchSkipsCountCollective) {
       test::CountingGroup g(inner);
       EPConfig cfg = small_config(3);
       cfg.algo = EpAlgo::a2a;
-      cfg.peer_memory = peer_memory;
+      cfg.peer_memory = peer_memory ? EpPeerMemory::on : EpPeerMemory::off;
       ep::ref::GenParams gp{3, 3, cfg};
       ep::ref::RankInput in = ep::ref::make_input(gp, g.rank());
       EPBuffer buf(g, cfg);
@@ -198,9 +198,8 @@ TEST(EpAllToAll, CachedDispatchSkipsCountCollective) {
         EXPECT_EQ(g.calls["barrier"], 1);
         EXPECT_EQ(g.calls["all_to_all"] + g.calls["all_to_all_v"], 0);
       } else {
-        // Only the data moves: under the `v` lowering the small records and the x rows
-        // (all_to_all_v_rows, which this wrapper sees as its packed all_to_all_v).
-        EXPECT_EQ(g.calls["all_to_all"] + g.calls["all_to_all_v"], 2);
+        // Only the data moves: a small call sends whole records in one all_to_all_v.
+        EXPECT_EQ(g.calls["all_to_all"] + g.calls["all_to_all_v"], 1);
       }
     });
 }
@@ -236,7 +235,7 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
           cfg.combine = cm;
           cfg.expand = expand;
           cfg.expert_alignment = expand ? 8 : 1;
-          cfg.peer_memory = peer_memory;
+          cfg.peer_memory = peer_memory ? EpPeerMemory::on : EpPeerMemory::off;
           dispatch_combine_vs_reference(g, cfg, 13, [&] { g.calls.clear(); });
           std::lock_guard<std::mutex> lock(mu);
           for (auto& [k, v] : g.calls) calls[k] += v;
@@ -248,6 +247,34 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
         EXPECT_EQ(calls["expose"], peer_memory ? 3 : 0);
         EXPECT_EQ(calls["barrier"], peer_memory ? 3 : 0);
       }
+}
+
+// A small a2a call (fewer collective rounds win) against a large one (~40 rows per rank: 12.5
+// KiB vs 640 KiB of bf16 per rank): dispatch sends whole records, or x rows apart from the
+// small records; peer_memory = automatic takes the direct lowering only for the large call.
+// The same bits as the reference in every case.
+TEST(EpAllToAll, SmallAndLargeCallsPickTheirLowerings) {
+  for (int hidden : {160, 8192})
+    for (EpPeerMemory pm : {EpPeerMemory::automatic, EpPeerMemory::off}) {
+      std::mutex mu;
+      std::map<std::string, int> calls;
+      run_local(3, [&](Group& inner) {
+        test::CountingGroup g(inner);
+        EPConfig cfg = small_config(3);
+        cfg.algo = EpAlgo::a2a;
+        cfg.combine = CombineMode::fast;
+        cfg.hidden = hidden;  // bf16 x: dispatch and combine move the same bytes
+        cfg.peer_memory = pm;
+        dispatch_combine_vs_reference(g, cfg, 17);
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto& [k, v] : g.calls) calls[k] += v;
+      });
+      const bool large = hidden > 160, direct = large && pm == EpPeerMemory::automatic;
+      SCOPED_TRACE(fmt::format("hidden {} peer_memory {}", hidden, to_string(pm)));
+      // Per rank: dispatch, cached dispatch, combine.
+      EXPECT_EQ(calls["expose"], direct ? 3 * 3 : 0);
+      EXPECT_EQ(calls["all_to_all_v"], direct ? 0 : 3 * (large ? 2 + 2 + 1 : 1 + 1 + 1));
+    }
 }
 
 TEST(EpValidation, InvalidInputThrowsOnEveryRank) {
