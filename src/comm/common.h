@@ -16,6 +16,7 @@ namespace deepinfer::comm {
 constexpr int kMaxLocalWorld = 1024;               // ranks (threads) in one `local` world
 constexpr size_t kReduceChunkElems = 4096;         // elements folded per cache-resident block
 constexpr int kBarrierSpinIters = 4000;            // pause-loops before sleeping on the condvar
+constexpr int kBarrierPureSpinIters = 500;         // of which the first (~10 us) never yield
 constexpr size_t kMpiMaxCount = INT_MAX;           // MPI's int count/displacement limit
 constexpr size_t kMpiBigTypeChunkBytes = 1 << 20;  // unit of the derived type for > INT_MAX bytes
 constexpr double kMpiSpinSeconds =

@@ -120,7 +120,11 @@ void LocalWorld::arrive_and_wait(int rank, const CallDesc& desc, size_t bytes,
     for (int i = 0; i < kBarrierSpinIters; ++i) {
       if (generation_.load(std::memory_order_acquire) != gen) return;
       if (broken_flag_.load(std::memory_order_relaxed)) break;
-      cpu_relax();
+      // After ~10 us, yield now and then: a peer that the scheduler put on this same CPU then
+      // runs at once instead of after the whole spin (seen: 0.2 ms per collective, 5-10x dispatch
+      // times in some processes); a CPU of its own makes the yield return at once.
+      if (i >= kBarrierPureSpinIters && i % 64 == 0) std::this_thread::yield();
+      else cpu_relax();
     }
     lock.lock();
   }
