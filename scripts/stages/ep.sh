@@ -13,6 +13,11 @@ for w in 2 3 4 8; do
 done
 # Faults that make the backend distrust all_to_all_v: auto must pick ag and pass (W=8 > K=6,
 # so auto would take a2a on a healthy backend); forced a2a falls back to the padded lowering.
+# Large calls: a2a sends x rows apart from their records and takes the direct lowering.
+echo "--- check ep local W=2 algo=a2a hidden=8192"
+"$DEEPINFER" check ep --comm local --world 2 --algo a2a --hidden 8192 | tail -2
+echo "--- check ep mpi W=3 algo=a2a hidden=8192"
+mpirun --oversubscribe -np 3 "$DEEPINFER" check ep --comm mpi --world 3 --algo a2a --hidden 8192 | tail -2
 for f in a2av-hang a2a-diverge; do
   echo "--- check ep local W=8 fault=$f"
   "$DEEPINFER" check ep --comm local --world 8 --algo auto --fault "$f" --timeout 20 | tail -3

@@ -251,7 +251,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
 
   EPConfig base;
   base.num_experts = w * shape.local_experts;
-  base.hidden = shape.hidden;
+  base.hidden = opts.hidden > 0 ? opts.hidden : shape.hidden;
   base.num_topk = shape.topk;
   base.num_max_tokens_per_rank = shape.max_tokens;
 

@@ -20,6 +20,8 @@ struct CheckEpOptions {
   uint64_t seed = 1;
   bool verbose = false;  // one line per case (rank 0)
   bool full = false;     // no pruning of the ag variants at large W
+  int hidden = 0;        // H of every case; 0 = the world's small default. A large H makes the
+                         // a2a calls large: x rows apart from their records, direct lowering
 };
 
 struct CheckEpResult {

@@ -28,6 +28,7 @@ struct CheckEpCli {
   uint64_t seed = 1;
   bool verbose = false;
   bool full = false;
+  int hidden = 0;
 };
 
 int run_check_ep_cli(const CheckEpCli& o) {
@@ -40,6 +41,7 @@ int run_check_ep_cli(const CheckEpCli& o) {
   co.seed = o.seed;
   co.verbose = o.verbose;
   co.full = o.full;
+  co.hidden = o.hidden;
   if (o.algo != "all")
     co.algos = {o.algo == "ag" ? EpAlgo::ag : (o.algo == "a2a" ? EpAlgo::a2a : EpAlgo::automatic)};
   if (o.combine != "all") co.combines = {o.combine == "fast" ? CombineMode::fast : CombineMode::exact};
@@ -87,6 +89,10 @@ DEEPINFER_COMMAND(
       app.add_option("--seed", o->seed, "Seed of the generated inputs (default 1)");
       app.add_flag("--verbose", o->verbose, "One line per case");
       app.add_flag("--full", o->full, "No pruning of the ag variants at large worlds");
+      app.add_option("--hidden", o->hidden,
+                     "Hidden size of every case (default: small, by world); e.g. 8192 makes the a2a calls large "
+                     "enough for their bandwidth lowerings")
+          ->check(CLI::Range(1, 1 << 16));
       return [o] { return run_check_ep_cli(*o); };
     });
 
