@@ -224,9 +224,7 @@ struct EPBuffer::Impl {
   // The a2a call moves kEpDirectMinBytes per rank on average (rows of row_bytes): bandwidth,
   // not collective rounds, sets its time. The same answer on every rank.
   bool large_call(const HandleData& h, size_t row_bytes) const {
-    int64_t rows = 0;
-    for (int64_t v : h.plan.split) rows += v;
-    return uint64_t(rows) * row_bytes >= uint64_t(world) * kEpDirectMinBytes;
+    return uint64_t(h.plan.total) * row_bytes >= uint64_t(world) * kEpDirectMinBytes;
   }
   // a2a dispatch under the `v` lowering sends x rows apart from their records for a large call.
   bool rows_apart(const HandleData& h) const {

@@ -148,14 +148,24 @@ void dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_t seed,
   EXPECT_EQ(std::memcmp(comb.topk_weights.raw(), ec.weights.data(), ec.weights.size() * 4), 0);
 }
 
+// Runs body on every rank of a local world through a CountingGroup; the calls of all ranks.
+std::map<std::string, int> count_calls(int world, const std::function<void(test::CountingGroup&)>& body) {
+  std::mutex mu;
+  std::map<std::string, int> calls;
+  run_local(world, [&](Group& inner) {
+    test::CountingGroup g(inner);
+    body(g);
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [k, v] : g.calls) calls[k] += v;
+  });
+  return calls;
+}
+
 TEST(EpAllGather, IssuesNoAllToAll) {
   for (CombineMode cm : {CombineMode::exact, CombineMode::fast})
     for (EpReduce red : {EpReduce::rs, EpReduce::ar})
       for (bool expand : {false, true}) {
-        std::mutex mu;
-        std::map<std::string, int> calls;
-        run_local(3, [&](Group& inner) {
-          test::CountingGroup g(inner);
+        std::map<std::string, int> calls = count_calls(3, [&](test::CountingGroup& g) {
           EPConfig cfg = small_config(3);
           cfg.combine = cm;
           cfg.reduce = red;
@@ -164,8 +174,6 @@ TEST(EpAllGather, IssuesNoAllToAll) {
           cfg.dispatch_dtype = DispatchDType::fp8;
           cfg.chunk_bytes = 4096;  // several combine chunks
           dispatch_combine_vs_reference(g, cfg, 7);
-          std::lock_guard<std::mutex> lock(mu);
-          for (auto& [k, v] : g.calls) calls[k] += v;
         });
         EXPECT_EQ(calls["all_to_all"], 0);
         EXPECT_EQ(calls["all_to_all_v"], 0);
@@ -219,16 +227,13 @@ TEST(EpAllToAll, MatchesReferenceWithEveryLowering) {
 }
 
 // On a group with peer memory, the a2a combine reads the peers' y in place: one expose and one
-// barrier, no all_to_all; with peer_memory off (or a group that
-// hides it) the partials go through all_to_all_v. Both match the reference bit for bit.
+// barrier, no all_to_all; with peer_memory off the partials go through all_to_all_v. Both match
+// the reference bit for bit.
 TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
   for (bool peer_memory : {true, false})
     for (CombineMode cm : {CombineMode::exact, CombineMode::fast})
       for (bool expand : {false, true}) {
-        std::mutex mu;
-        std::map<std::string, int> calls;
-        run_local(3, [&](Group& inner) {
-          test::CountingGroup g(inner);
+        std::map<std::string, int> calls = count_calls(3, [&](test::CountingGroup& g) {
           ASSERT_EQ(g.peer_memory(), PeerMemory::address_space);
           EPConfig cfg = small_config(3);
           cfg.algo = EpAlgo::a2a;
@@ -237,8 +242,6 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
           cfg.expert_alignment = expand ? 8 : 1;
           cfg.peer_memory = peer_memory ? EpPeerMemory::on : EpPeerMemory::off;
           dispatch_combine_vs_reference(g, cfg, 13, [&] { g.calls.clear(); });
-          std::lock_guard<std::mutex> lock(mu);
-          for (auto& [k, v] : g.calls) calls[k] += v;
         });
         SCOPED_TRACE(fmt::format("peer_memory={} combine={} expand={}", peer_memory, to_string(cm), expand));
         EXPECT_EQ(calls["all_to_all"], 0);
@@ -256,18 +259,13 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
 TEST(EpAllToAll, SmallAndLargeCallsPickTheirLowerings) {
   for (int hidden : {160, 8192})
     for (EpPeerMemory pm : {EpPeerMemory::automatic, EpPeerMemory::off}) {
-      std::mutex mu;
-      std::map<std::string, int> calls;
-      run_local(3, [&](Group& inner) {
-        test::CountingGroup g(inner);
+      std::map<std::string, int> calls = count_calls(3, [&](test::CountingGroup& g) {
         EPConfig cfg = small_config(3);
         cfg.algo = EpAlgo::a2a;
         cfg.combine = CombineMode::fast;
         cfg.hidden = hidden;  // bf16 x: dispatch and combine move the same bytes
         cfg.peer_memory = pm;
         dispatch_combine_vs_reference(g, cfg, 17);
-        std::lock_guard<std::mutex> lock(mu);
-        for (auto& [k, v] : g.calls) calls[k] += v;
       });
       const bool large = hidden > 160, direct = large && pm == EpPeerMemory::automatic;
       SCOPED_TRACE(fmt::format("hidden {} peer_memory {}", hidden, to_string(pm)));

@@ -27,6 +27,19 @@ uint16_t expected(const std::vector<float>& w, const std::vector<std::vector<uin
   return bits;
 }
 
+// bf16 values in [-4, 4], with -0, values whose products and sums overflow to inf, and subnormals.
+void fill_row(std::mt19937& rng, std::vector<uint16_t>& row) {
+  std::uniform_real_distribution<float> val(-4.0f, 4.0f);
+  for (auto& bits : row) {
+    const uint32_t pick = rng() % 16;
+    float v = val(rng);
+    if (pick == 0) v = -0.0f;
+    if (pick == 1) v = 3.0e38f;
+    if (pick == 2) v = 1.0e-39f;
+    bits = f32_to_bf16(v).bits;
+  }
+}
+
 TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> val(-4.0f, 4.0f);
@@ -41,14 +54,7 @@ TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
           std::vector<float> w(static_cast<size_t>(m));
           for (auto& x : w) x = val(rng);
           for (auto& row : y) {
-            for (size_t c = 0; c < n; ++c) {
-              const uint32_t pick = rng() % 16;
-              float v = val(rng);
-              if (pick == 0) v = -0.0f;
-              if (pick == 1) v = 3.0e38f;  // w·y and sums overflow to inf
-              if (pick == 2) v = 1.0e-39f;  // subnormal
-              row[c] = f32_to_bf16(v).bits;
-            }
+            fill_row(rng, row);
             ptr.push_back(row.data());
           }
           if (shared)
@@ -78,42 +84,35 @@ TEST(RowMath, SumOfPartialsMatchesPartialsThenTheirSum) {
   for (size_t n : {1, 15, 16, 17, 33, 63, 64, 65, 200, 7168, 7205})
     for (const std::vector<int>& sizes : group_sizes)
       for (bool shared_rows : {false, true}) {  // shared: a group's slots read one row (no expand)
-      std::vector<int> end;
-      int m = 0;
-      for (int g : sizes) end.push_back(m += g);
-      std::vector<std::vector<uint16_t>> y(static_cast<size_t>(m), std::vector<uint16_t>(n));
-      std::vector<const uint16_t*> ptr;
-      std::vector<float> w(static_cast<size_t>(m));
-      for (auto& x : w) x = val(rng);
-      for (auto& row : y) {
+        std::vector<int> end;
+        int m = 0;
+        for (int g : sizes) end.push_back(m += g);
+        std::vector<std::vector<uint16_t>> y(static_cast<size_t>(m), std::vector<uint16_t>(n));
+        std::vector<const uint16_t*> ptr;
+        std::vector<float> w(static_cast<size_t>(m));
+        for (auto& x : w) x = val(rng);
+        for (auto& row : y) {
+          fill_row(rng, row);
+          ptr.push_back(row.data());
+        }
+        if (shared_rows)
+          for (size_t g = 0, s = 0; g < end.size(); ++g)
+            for (size_t first = s; s < size_t(end[g]); ++s) y[s] = y[first], ptr[s] = ptr[first];
+        std::vector<uint16_t> bits(n, 0xdead);
+        ep::rows::sum_of_partials(w.data(), ptr.data(), end.data(), int(end.size()), n, bits.data());
         for (size_t c = 0; c < n; ++c) {
-          const uint32_t pick = rng() % 16;
-          float v = val(rng);
-          if (pick == 0) v = -0.0f;
-          if (pick == 1) v = 3.0e38f;
-          if (pick == 2) v = 1.0e-39f;
-          row[c] = f32_to_bf16(v).bits;
+          float acc = 0.0f;
+          for (size_t g = 0, s = 0; g < end.size(); ++g) {
+            float p = 0.0f;
+            for (; s < size_t(end[g]); ++s) p = p + w[s] * bf16_to_f32(bf16{y[s][c]});
+            uint16_t pb = f32_to_bf16(p).bits;
+            if (pb == 0x8000u) pb = 0;
+            acc = acc + bf16_to_f32(bf16{pb});
+          }
+          ASSERT_EQ(bits[c], f32_to_bf16(acc).bits) << "n=" << n << " groups=" << end.size() << " column " << c;
+          ++checked;
         }
-        ptr.push_back(row.data());
       }
-      if (shared_rows)
-        for (size_t g = 0, s = 0; g < end.size(); ++g)
-          for (size_t first = s; s < size_t(end[g]); ++s) y[s] = y[first], ptr[s] = ptr[first];
-      std::vector<uint16_t> bits(n, 0xdead);
-      ep::rows::sum_of_partials(w.data(), ptr.data(), end.data(), int(end.size()), n, bits.data());
-      for (size_t c = 0; c < n; ++c) {
-        float acc = 0.0f;
-        for (size_t g = 0, s = 0; g < end.size(); ++g) {
-          float p = 0.0f;
-          for (; s < size_t(end[g]); ++s) p = p + w[s] * bf16_to_f32(bf16{y[s][c]});
-          uint16_t pb = f32_to_bf16(p).bits;
-          if (pb == 0x8000u) pb = 0;
-          acc = acc + bf16_to_f32(bf16{pb});
-        }
-        ASSERT_EQ(bits[c], f32_to_bf16(acc).bits) << "n=" << n << " groups=" << end.size() << " column " << c;
-        ++checked;
-      }
-    }
   EXPECT_GT(checked, 30000);
 }
 

@@ -42,6 +42,7 @@ Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_va
     std::copy_n(all.begin() + std::ptrdiff_t(size_t(r) * row + 1), w, p.split.begin() + std::ptrdiff_t(size_t(r) * size_t(w)));
   }
   if (p.first_invalid_rank >= 0) return p;
+  for (int64_t v : p.split) p.total += v;
   p.max_split = p.split.empty() ? 0 : *std::max_element(p.split.begin(), p.split.end());
   p.lowering = choose_lowering(p.split, group.capabilities());
   return p;

@@ -24,6 +24,7 @@ struct Plan {
   std::vector<int64_t> split;  // [W, W]: records rank i sends rank j
   Lowering lowering = Lowering::even;
   int64_t max_split = 0;
+  int64_t total = 0;            // records all ranks send in all
   int first_invalid_rank = -1;  // lowest rank that passed invalid input (split left empty), or -1
   int64_t send(int i, int j) const { return split[size_t(i) * size_t(world) + size_t(j)]; }
   // Where rank i's records for rank j start in i's send list (ranks in order).
