@@ -40,25 +40,39 @@ void fill_row(std::mt19937& rng, std::vector<uint16_t>& row) {
   }
 }
 
+// m weights in [-4, 4] and m random rows of n columns (fill_row), with the pointers the row
+// functions take.
+struct RandomRows {
+  std::vector<std::vector<uint16_t>> y;
+  std::vector<const uint16_t*> ptr;
+  std::vector<float> w;
+  // Slot s reads slot first's row, as a token's slots on one rank do without the expand layout.
+  void share(size_t s, size_t first) { y[s] = y[first], ptr[s] = ptr[first]; }
+};
+RandomRows random_rows(std::mt19937& rng, int m, size_t n) {
+  std::uniform_real_distribution<float> val(-4.0f, 4.0f);
+  RandomRows r{std::vector<std::vector<uint16_t>>(static_cast<size_t>(m), std::vector<uint16_t>(n)), {},
+               std::vector<float>(static_cast<size_t>(m))};
+  for (auto& x : r.w) x = val(rng);
+  for (auto& row : r.y) {
+    fill_row(rng, row);
+    r.ptr.push_back(row.data());
+  }
+  return r;
+}
+
 TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> val(-4.0f, 4.0f);
   int checked = 0;
   for (size_t n : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 200, 7168, 7205})
     for (int m : {0, 1, 2, 3, 8})
       for (bool weighted : {false, true})
         for (int canon_shared = 0; canon_shared < 4; ++canon_shared) {
           const bool canon = canon_shared & 1, shared = canon_shared & 2;  // shared: every slot reads row 0
-          std::vector<std::vector<uint16_t>> y(static_cast<size_t>(m), std::vector<uint16_t>(n));
-          std::vector<const uint16_t*> ptr;
-          std::vector<float> w(static_cast<size_t>(m));
-          for (auto& x : w) x = val(rng);
-          for (auto& row : y) {
-            fill_row(rng, row);
-            ptr.push_back(row.data());
-          }
+          RandomRows r = random_rows(rng, m, n);
           if (shared)
-            for (size_t s = 1; s < y.size(); ++s) y[s] = y[0], ptr[s] = ptr[0];
+            for (size_t s = 1; s < r.y.size(); ++s) r.share(s, 0);
+          const auto& [y, ptr, w] = r;
           std::vector<uint16_t> bits(n, 0xdead);
           std::vector<float> f32(n, -1.0f);
           ep::rows::weighted_sum(weighted ? w.data() : nullptr, ptr.data(), m, n, canon, bits.data(), f32.data());
@@ -78,7 +92,6 @@ TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
 // partials' f32 sum from +0, group by group.
 TEST(RowMath, SumOfPartialsMatchesPartialsThenTheirSum) {
   std::mt19937 rng(11);
-  std::uniform_real_distribution<float> val(-4.0f, 4.0f);
   const std::vector<std::vector<int>> group_sizes = {{}, {1}, {3}, {2, 3}, {1, 1, 1, 1}, {4, 2, 1}, {1, 5, 2}};
   int checked = 0;
   for (size_t n : {1, 15, 16, 17, 33, 63, 64, 65, 200, 7168, 7205})
@@ -87,17 +100,11 @@ TEST(RowMath, SumOfPartialsMatchesPartialsThenTheirSum) {
         std::vector<int> end;
         int m = 0;
         for (int g : sizes) end.push_back(m += g);
-        std::vector<std::vector<uint16_t>> y(static_cast<size_t>(m), std::vector<uint16_t>(n));
-        std::vector<const uint16_t*> ptr;
-        std::vector<float> w(static_cast<size_t>(m));
-        for (auto& x : w) x = val(rng);
-        for (auto& row : y) {
-          fill_row(rng, row);
-          ptr.push_back(row.data());
-        }
+        RandomRows r = random_rows(rng, m, n);
         if (shared_rows)
           for (size_t g = 0, s = 0; g < end.size(); ++g)
-            for (size_t first = s; s < size_t(end[g]); ++s) y[s] = y[first], ptr[s] = ptr[first];
+            for (size_t first = s; s < size_t(end[g]); ++s) r.share(s, first);
+        const auto& [y, ptr, w] = r;
         std::vector<uint16_t> bits(n, 0xdead);
         ep::rows::sum_of_partials(w.data(), ptr.data(), end.data(), int(end.size()), n, bits.data());
         for (size_t c = 0; c < n; ++c) {
