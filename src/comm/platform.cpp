@@ -2,6 +2,10 @@
 
 #include <deepinfer/error.h>
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 
@@ -69,5 +73,28 @@ Placement current_placement() {
 }
 
 void set_thread_placement(const std::optional<Placement>& p) { t_placement = p; }
+
+std::vector<int> cpu_share(std::span<const int> cpus, int rank, int world) {
+  const size_t n = cpus.size(), w = size_t(world);
+  if (world < 1 || rank < 0 || rank >= world || n < w) return {};
+  const size_t r = size_t(rank), base = n / w, extra = n % w;
+  const size_t begin = r * base + std::min(r, extra);
+  return {cpus.begin() + std::ptrdiff_t(begin), cpus.begin() + std::ptrdiff_t(begin + base + (r < extra))};
+}
+
+bool pin_rank_thread(int rank, int world) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  const std::vector<int> share = cpu_share(cpus, rank, world);
+  if (share.empty()) return false;
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  for (int c : share) CPU_SET(c, &mine);
+  return pthread_setaffinity_np(pthread_self(), sizeof(mine), &mine) == 0;
+}
 
 }  // namespace deepinfer

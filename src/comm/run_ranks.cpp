@@ -56,9 +56,11 @@ void run_local(const LaunchOptions& opts, const std::function<void(Group&)>& fn)
 
   std::vector<Outcome> outcomes(static_cast<size_t>(n));
   std::atomic<uint64_t> clock{0};
+  const bool pin = knobs().pin_ranks && n > 1;
   auto body = [&](int r) {
     set_log_rank(r, n);
     set_thread_placement(Placement{r, n, r, "local"});
+    if (pin) pin_rank_thread(r, n);
     Outcome& out = outcomes[size_t(r)];
     try {
       auto g = wrap(std::make_unique<comm::LocalGroup>(world, r), opts, timeout_s, caps);

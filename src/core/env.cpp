@@ -16,7 +16,7 @@ namespace deepinfer {
 namespace {
 
 // The single table of knobs: the parser, the unknown-name check and the docs all read it.
-constexpr std::array<KnobDoc, 14> kKnobDocs{{
+constexpr std::array<KnobDoc, 15> kKnobDocs{{
     {"DEEPINFER_COMM", "local, mpi", "local",
      "collective backend: `local` = one thread per rank, `mpi` = one process per rank (mpirun)"},
     {"DEEPINFER_COMM_TIMEOUT_S", "number > 0", "60",
@@ -37,6 +37,8 @@ constexpr std::array<KnobDoc, 14> kKnobDocs{{
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that decode and prefill GEMMs read"},
     {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
+    {"DEEPINFER_PIN_RANKS", "on, off", "on",
+     "local: each rank thread (and its kernel pool) runs on its own share of the CPUs the process may use, where there are at least as many CPUs as ranks; off: the OS places them"},
     {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",
      "inject a named fault, for testing error paths"},
     {"DEEPINFER_CAPABILITIES", "file path", "(none)",
@@ -174,6 +176,8 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
     if (t > 4096) invalid("DEEPINFER_THREADS", *v, "more than 4096 threads");
     k.threads = int(t);
   }
+  if (auto v = get("DEEPINFER_PIN_RANKS"))
+    k.pin_ranks = parse_enum<bool, 2>("DEEPINFER_PIN_RANKS", *v, {{{"on", true}, {"off", false}}});
   if (auto v = get("DEEPINFER_FAULT")) k.fault = *v;
   if (auto v = get("DEEPINFER_CAPABILITIES")) k.capabilities_file = *v;
   if (auto v = get("DEEPINFER_LOG")) {

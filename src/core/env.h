@@ -34,6 +34,7 @@ struct Knobs {
   KernelBackend kernels = KernelBackend::cpu;   // DEEPINFER_KERNELS = host|cpu
   bool decode_layout = true;               // DEEPINFER_DECODE_LAYOUT = on|off
   int threads = 0;                         // DEEPINFER_THREADS (0 = hardware threads)
+  bool pin_ranks = true;                   // DEEPINFER_PIN_RANKS = on|off
   std::string fault;                       // DEEPINFER_FAULT (e.g. kernel:<op>:<call>)
   std::string capabilities_file;           // DEEPINFER_CAPABILITIES
   std::string log_level = "info";          // DEEPINFER_LOG = debug|info|warn|error

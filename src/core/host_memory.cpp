@@ -8,6 +8,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <atomic>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -26,9 +29,24 @@ size_t size_class(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+// Which thread freed a block. A thread gets back its own blocks first: their lines are still in
+// its core's caches, while a block a peer rank's thread wrote last must first be pulled over from
+// the peer's (local W=2 bench ep: the dispatch's 7 MB row copy took 0.33 ms into a block the peer
+// had freed, 0.18 ms into its own).
+uint32_t thread_tag() {
+  static std::atomic<uint32_t> next{0};
+  thread_local const uint32_t tag = next.fetch_add(1, std::memory_order_relaxed);
+  return tag;
+}
+
+struct IdleBlock {
+  void* p;
+  uint32_t freed_by;
+};
+
 struct Cache {
   std::mutex mu;
-  std::map<size_t, std::vector<void*>> idle;  // size class -> blocks
+  std::map<size_t, std::vector<IdleBlock>> idle;  // size class -> blocks, most recently freed last
   size_t idle_bytes = 0;
 };
 
@@ -42,7 +60,7 @@ void release(void* p, size_t cls) {
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.idle_bytes + cls <= kCacheLimit) {
-      c.idle[cls].push_back(p);
+      c.idle[cls].push_back({p, thread_tag()});
       c.idle_bytes += cls;
       return;
     }
@@ -60,8 +78,11 @@ std::shared_ptr<std::byte> host_alloc(size_t bytes) {
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.idle.find(cls);
     if (it != c.idle.end() && !it->second.empty()) {
-      p = it->second.back();
-      it->second.pop_back();
+      std::vector<IdleBlock>& blocks = it->second;
+      auto own = std::find_if(blocks.rbegin(), blocks.rend(), [me = thread_tag()](const IdleBlock& b) { return b.freed_by == me; });
+      auto take = own != blocks.rend() ? std::prev(own.base()) : std::prev(blocks.end());
+      p = take->p;
+      blocks.erase(take);
       c.idle_bytes -= cls;
     }
   }

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "comm/local/local_group.h"
 #include "test_util.h"
 
 namespace deepinfer {
@@ -344,6 +345,37 @@ TEST_P(LocalWorldSize, MixedSequence) {
     }
   });
   EXPECT_TRUE(bad.none());
+}
+
+// Small payloads travel inline and meet once: a rank may start call k+1 while a peer still reads
+// call k. Thousands of back-to-back calls, each with new values, at the inline limit and one byte
+// over it, on more rank threads than CPUs (so ranks are preempted mid-call), must never show a
+// value from another call.
+TEST(LocalGroup, BackToBackSmallCollectivesNeverMixCalls) {
+  for (int n : {3, 8}) {
+    Mismatches bad;
+    run_ranks(local_opts(n), [&](Group& g) {
+      const int me = g.rank();
+      for (int it = 0; it < 1500; ++it) {
+        const size_t bytes = it % 2 ? comm::kLocalInlineBytes : comm::kLocalInlineBytes + 8;
+        const size_t count = bytes / 8;
+        std::vector<int64_t> mine(count), all(count * size_t(n));
+        for (size_t i = 0; i < count; ++i) mine[i] = int64_t(it) * 1000003 + me * 1009 + int64_t(i);
+        g.all_gather(mine.data(), all.data(), count * 8, DType::u8);
+        for (int r = 0; r < n; ++r)
+          if (all[size_t(r) * count + count - 1] != int64_t(it) * 1000003 + r * 1009 + int64_t(count - 1))
+            bad.add(fmt::format("all_gather it {} rank {} block {}", it, me, r));
+        std::vector<int64_t> sum(count, int64_t(it) + me);
+        g.all_reduce(sum.data(), count, DType::i64, ReduceOp::sum);
+        if (sum[0] != int64_t(n) * it + int64_t(n) * (n - 1) / 2 || sum[count - 1] != sum[0])
+          bad.add(fmt::format("all_reduce it {} rank {}: {}", it, me, sum[0]));
+        std::vector<int64_t> b(count, me == it % n ? int64_t(it) : -1);
+        g.broadcast(b.data(), count, DType::i64, it % n);
+        if (b[0] != it || b[count - 1] != it) bad.add(fmt::format("broadcast it {} rank {}: {}", it, me, b[0]));
+      }
+    });
+    EXPECT_TRUE(bad.none()) << "world " << n;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, LocalWorldSize, ::testing::ValuesIn(kWorlds),

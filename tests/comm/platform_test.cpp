@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -77,6 +79,53 @@ TEST(Platform, LocalRankThreadsKnowTheirPlace) {
     EXPECT_EQ(seen[size_t(r)].local_rank, r);
     EXPECT_EQ(seen[size_t(r)].source, "local");
   }
+}
+
+TEST(Platform, CpuShareSplitsTheListedCpusIntoContiguousRuns) {
+  const std::vector<int> cpus{0, 1, 2, 3, 4, 5, 8, 9, 10, 11};  // 10 CPUs, a gap as a cpuset may leave
+  // 10 over 4 ranks: 3, 3, 2, 2 — every CPU once, in order.
+  std::vector<int> joined;
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<int> share = cpu_share(cpus, r, 4);
+    EXPECT_EQ(share.size(), r < 2 ? 3u : 2u) << r;
+    joined.insert(joined.end(), share.begin(), share.end());
+  }
+  EXPECT_EQ(joined, cpus);
+  EXPECT_EQ(cpu_share(cpus, 9, 10), std::vector<int>{11});
+  EXPECT_TRUE(cpu_share(cpus, 0, 11).empty());  // more ranks than CPUs: nobody is pinned
+  EXPECT_TRUE(cpu_share(cpus, 4, 4).empty());
+  EXPECT_TRUE(cpu_share({}, 0, 1).empty());
+}
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+// Every local rank thread runs on its own share, and the knob turns that off.
+TEST(Platform, LocalRankThreadsRunOnTheirShareOfTheCpus) {
+  const std::vector<int> cpus = allowed_cpus();
+  const Knobs saved = knobs();
+  for (bool pin : {true, false}) {
+    Knobs k = saved;
+    k.pin_ranks = pin;
+    set_knobs(k);
+    for (int world : {2, int(cpus.size()), int(cpus.size()) + 1}) {
+      std::vector<std::vector<int>> seen(static_cast<size_t>(world));
+      run_ranks(test::local_opts(world), [&](Group& g) { seen[size_t(g.rank())] = allowed_cpus(); });
+      for (int r = 0; r < world; ++r) {
+        const std::vector<int> expected = pin && world <= int(cpus.size()) ? cpu_share(cpus, r, world) : cpus;
+        EXPECT_EQ(seen[size_t(r)], expected) << "pin " << pin << " world " << world << " rank " << r;
+      }
+    }
+  }
+  set_knobs(saved);
+  EXPECT_EQ(allowed_cpus(), cpus);  // the calling thread itself stays where it was
 }
 
 std::string temp_path(const char* name) {

@@ -106,6 +106,9 @@ TEST(Env, NumericKnobs) {
   EXPECT_EQ(parse({{"DEEPINFER_THREADS", "0"}}).threads, 0);
   EXPECT_EQ(parse({{"DEEPINFER_THREADS", "1"}}).threads, 1);
   EXPECT_EQ(parse({{"DEEPINFER_THREADS", "64"}}).threads, 64);
+  EXPECT_TRUE(parse({}).pin_ranks);
+  EXPECT_FALSE(parse({{"DEEPINFER_PIN_RANKS", "off"}}).pin_ranks);
+  EXPECT_TRUE(parse({{"DEEPINFER_PIN_RANKS", "on"}}).pin_ranks);
 }
 
 TEST(Env, FreeStringKnobs) {
@@ -140,6 +143,7 @@ TEST(Env, EveryKnobRejectsInvalidValues) {
       {"DEEPINFER_EP_PEER_MEMORY", {"auto, on, off", {"ON", "1", "shm", "automatic"}}},
       {"DEEPINFER_KERNELS", {"host, cpu", {"cuda", "CPU", "reference"}}},
       {"DEEPINFER_DECODE_LAYOUT", {"on, off", {"ON", "1", "true", "yes"}}},
+      {"DEEPINFER_PIN_RANKS", {"on, off", {"ON", "1", "auto", "cores"}}},
       {"DEEPINFER_THREADS", {"integer >= 0", {"-1", "two", "1.5", "4K", "100000", "+2"}}},
       {"DEEPINFER_LOG", {"debug, info, warn, error", {"warning", "INFO", "trace", "0"}}},
   };
@@ -167,7 +171,7 @@ TEST(Env, KnobDocsListExactlyTheKnobsTheParserReads) {
     EXPECT_NE(std::string(d.meaning), "") << d.name;
   }
   EXPECT_EQ(read, documented);
-  EXPECT_EQ(documented.size(), 14u);
+  EXPECT_EQ(documented.size(), 15u);
 }
 
 TEST(Env, UnknownDeepinferVariablesAreRejected) {

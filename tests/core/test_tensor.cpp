@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace deepinfer {
@@ -188,6 +189,24 @@ TEST(TensorStorage, LargeBlocksAreReusedNotShared) {
   Tensor z = Tensor::zeros(DType::f32, shape);
   const float* zp = z.data<float>();
   EXPECT_EQ(std::count(zp, zp + z.numel(), 0.0f), z.numel());
+}
+
+// A thread gets back the block it freed itself before one another thread freed later: its own is
+// still in its core's caches (local rank threads each reuse their own output blocks). A thread
+// with no block of its own takes the most recently freed one.
+TEST(TensorStorage, AThreadTakesBackItsOwnBlockFirst) {
+  const std::vector<int64_t> shape{3 << 18};  // 3 MiB of f32
+  Tensor a = Tensor::empty(DType::f32, shape);
+  Tensor b = Tensor::empty(DType::f32, shape);
+  const void* a_at = a.raw();
+  const void* b_at = b.raw();
+  a = Tensor();                                // freed by this thread
+  std::thread([&] { b = Tensor(); }).join();  // freed later, by another thread
+  Tensor again = Tensor::empty(DType::f32, shape);
+  EXPECT_EQ(again.raw(), a_at);
+  const void* fresh_thread_got = nullptr;
+  std::thread([&] { fresh_thread_got = Tensor::empty(DType::f32, shape).raw(); }).join();
+  EXPECT_EQ(fresh_thread_got, b_at);
 }
 
 // After keep_freed_host_memory, a freed block below the mmap threshold is reused with its pages

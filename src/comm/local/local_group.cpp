@@ -172,6 +172,13 @@ LocalGroup::LocalGroup(std::shared_ptr<LocalWorld> world, int rank)
 
 const LocalSlot& LocalGroup::peer(int r) const { return world_->state(r).slots[parity_]; }
 
+std::byte* LocalGroup::stage_inline(const void* payload, size_t bytes) {
+  if (bytes > kLocalInlineBytes) return nullptr;
+  std::byte* at = world_->state(rank_).inline_payload[parity_];
+  copy_bytes(at, static_cast<const std::byte*>(payload), bytes);
+  return at;
+}
+
 LocalSlot& LocalGroup::begin(const CallDesc& desc, size_t bytes) {
   LocalRankState& st = world_->state(rank_);
   parity_ = int(st.calls++ & 1);
@@ -237,7 +244,8 @@ std::string LocalGroup::check_match() const {
 void LocalGroup::all_gather(const void* send, void* recv, size_t count, DType dtype) {
   const size_t bytes = count * dtype_size(dtype);
   LocalSlot& s = begin({OpKind::all_gather, dtype, ReduceOp::sum, 0, count}, bytes);
-  s.send = static_cast<const std::byte*>(send);
+  const std::byte* staged = stage_inline(send, bytes);
+  s.send = staged ? staged : static_cast<const std::byte*>(send);
   sync_start();
   auto* out = static_cast<std::byte*>(recv);
   const int n = size();
@@ -245,7 +253,7 @@ void LocalGroup::all_gather(const void* send, void* recv, size_t count, DType dt
     const int r = (rank_ + i) % n;  // staggered so ranks do not all read rank 0 at once
     copy_bytes(out + size_t(r) * bytes, peer(r).send, bytes);
   }
-  sync_end();
+  if (!staged) sync_end();
 }
 
 void LocalGroup::all_gather_v(const void* send, size_t send_count, void* recv,
@@ -266,7 +274,7 @@ void LocalGroup::all_gather_v(const void* send, size_t send_count, void* recv,
     const int r = (rank_ + i) % n;
     copy_bytes(out + offset[size_t(r)] * es, peer(r).send, recv_counts[size_t(r)] * es);
   }
-  sync_end();
+  sync_end();  // also with a small payload: peers' checks read recv_counts, which is the caller's
 }
 
 void LocalGroup::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
@@ -275,6 +283,16 @@ void LocalGroup::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   const size_t es = dtype_size(dtype);
   const int n = size();
   LocalSlot& s = begin({OpKind::all_reduce, dtype, op, 0, count}, count * es);
+  if (const std::byte* staged = stage_inline(buf, count * es)) {
+    // Small: every rank folds all inline copies in ascending rank order (the same bits on
+    // every rank) after one meeting.
+    s.send = staged;
+    sync_start();
+    auto* out = static_cast<std::byte*>(buf);
+    copy_bytes(out, peer(0).send, count * es);
+    for (int r = 1; r < n; ++r) fold(out, peer(r).send, count, dtype, op);
+    return;
+  }
   s.recv = static_cast<std::byte*>(buf);
   sync_start();
   // Phase 1: reduce my slice of every rank's buffer into my scratch, folding in ascending rank
@@ -404,10 +422,13 @@ void LocalGroup::broadcast(void* buf, size_t count, DType dtype, int root) {
   const size_t bytes = count * dtype_size(dtype);
   LocalSlot& s =
       begin({OpKind::broadcast, dtype, ReduceOp::sum, root, count}, rank_ == root ? bytes : 0);
-  s.recv = static_cast<std::byte*>(buf);
+  std::byte* staged = rank_ == root ? stage_inline(buf, bytes) : nullptr;
+  s.recv = staged ? staged : static_cast<std::byte*>(buf);
+  // Every rank must agree on the meeting count: the size decides, the same on every rank.
+  const bool one_meeting = bytes <= kLocalInlineBytes;
   sync_start();
   if (rank_ != root) copy_bytes(static_cast<std::byte*>(buf), peer(root).recv, bytes);
-  sync_end();
+  if (!one_meeting) sync_end();
 }
 
 void LocalGroup::expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) {

@@ -1,6 +1,7 @@
 // `local` backend: N ranks as N threads of one process. Each collective publishes every
 // rank's pointers in a shared LocalWorld, meets at a generation barrier, copies straight from
-// the peers' buffers (one copy), and meets again before any buffer may be reused.
+// the peers' buffers (one copy), and meets again before any buffer may be reused. Small payloads
+// travel in the rank's own state instead, and then one meeting suffices.
 #pragma once
 
 #include <deepinfer/comm.h>
@@ -33,8 +34,14 @@ struct LocalSlot {
   const std::byte* scratch = nullptr;   // all_reduce: this rank's reduced slice
 };
 
+// Payloads up to this size travel inside the rank's state instead of its caller's buffer, so the
+// collective needs one meeting, not two: no rank rewrites call k's copy before its call k+2, which
+// it reaches only after every peer has arrived at call k+1, that is, has finished reading call k.
+constexpr size_t kLocalInlineBytes = 1024;
+
 struct alignas(64) LocalRankState {
   LocalSlot slots[2];
+  alignas(64) std::byte inline_payload[2][kLocalInlineBytes];  // by call parity
   std::vector<std::byte> scratch;  // all_reduce slice; resized only after barrier 1
   uint64_t calls = 0;
 };
@@ -104,6 +111,9 @@ class LocalGroup final : public Group {
   void sync_start();  // barrier 1 + check that every rank made the same call
   void sync_end();    // barrier 2: peers are done with this rank's buffers
   const LocalSlot& peer(int r) const;
+  // Copies a small payload into this rank's inline buffer for this call and returns it, or
+  // returns nullptr when it does not fit (the caller then meets twice).
+  std::byte* stage_inline(const void* payload, size_t bytes);
   std::string check_match() const;  // empty, or why the ranks' calls do not match
   // The receive half of all_to_all_v(_rows), after sync_start: copies every peer's block for this
   // rank, from its packed buffer or straight from its rows.
