@@ -79,6 +79,12 @@ class Group {
   // pointer, nothing copied; mpi: r's copy in the shared window). They stay readable, and must
   // stay unchanged, until the ranks' next barrier(). Elsewhere it throws.
   virtual void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers);
+  // Where this rank may build the first region of its next expose so that expose finds it in
+  // place and copies nothing: `bytes` at the start of its slot of the shared window (mpi). nullptr
+  // where there is no such place: exposing copies nothing anyway (local), the window is not (yet)
+  // that large (the next expose grows it), or there is no peer memory. Local, no collective. The
+  // bytes stay valid until the expose that reads them returns.
+  virtual std::byte* expose_staging(size_t bytes) { return nullptr; }
 };
 
 enum class CommKind : uint8_t { local, mpi };

@@ -139,6 +139,12 @@ class EPBuffer {
   // Collective. y: [N, H] bf16 (non-expand) or [S, H] bf16 (expand). Returns the per-token
   // routing-weighted sum (exact or fast, DESIGN §4) and the combined weights.
   CombineOutput combine(const Tensor& y, const Handle& handle);
+  // Local. Where to write the expert outputs for combine(y, handle): [N, H] or [S, H] bf16,
+  // contents undefined. Where combine reads the peers' y through a shared window (a2a direct on
+  // mpi, one host), this is a view of this rank's part of it, so combine copies nothing there (an
+  // ordinary tensor as y is copied in first); else a new tensor. A view stays valid until that
+  // combine returns, and only while no other expose runs on the group in between.
+  Tensor combine_input(const Handle& handle);
 
   const EPConfig& config() const;
   int world_size() const;

@@ -48,6 +48,7 @@ class CapabilitiesOverride final : public Group {
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
     inner_->expose(regions, peers);
   }
+  std::byte* expose_staging(size_t bytes) override { return inner_->expose_staging(bytes); }
 
  private:
   std::unique_ptr<Group> inner_;

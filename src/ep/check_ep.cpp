@@ -22,6 +22,8 @@ struct CaseSpec {
   EpReduce reduce = EpReduce::rs;
   bool small_chunk = false;
   bool peer_memory = true;  // a2a: the direct lowering (on), else the exchange (off)
+  // y written where combine reads it (EPBuffer::combine_input), else into a tensor of its own.
+  bool y_in_place = false;
 
   std::string name() const {
     std::string s = fmt::format("algo={} dtype={} expand={} align={} combine={}", to_string(algo),
@@ -30,6 +32,7 @@ struct CaseSpec {
     if (algo != EpAlgo::a2a)
       s += fmt::format(" rows={} reduce={} chunk={}", to_string(rows), to_string(reduce), small_chunk ? "4K" : "default");
     if (!peer_memory) s += " peer_memory=off";
+    if (y_in_place) s += " y=combine_input";
     return s;
   }
   // Cases that must give the same combine output (same data, same combine semantics).
@@ -115,11 +118,12 @@ void check_same_dispatch(Checker& c, const DispatchOutput& a, const DispatchOutp
 
 // Expert outputs for the received rows: a closed form of (global token, expert or rank), and
 // garbage on expand padding rows (combine must ignore them).
+// y: where to write them ([N or S, H] bf16), or undefined for a new tensor.
 Tensor make_y(const DispatchOutput& out, const EPConfig& cfg, int rank, int world, uint64_t seed,
-              const std::vector<int64_t>& token_offset) {
+              const std::vector<int64_t>& token_offset, Tensor y = {}) {
   const int64_t rows = out.src.dim(0), h = cfg.hidden, m = cfg.num_max_tokens_per_rank;
   const int64_t l = cfg.num_experts / world;
-  Tensor y = Tensor::empty(DType::bf16, {rows, h});  // [N or S, H]
+  if (!y.defined()) y = Tensor::empty(DType::bf16, {rows, h});
   uint16_t* py = y.data<uint16_t>();
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t gid = out.src.data<int64_t>()[i];
@@ -286,6 +290,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
             cs.reduce = v & 2 ? EpReduce::ar : EpReduce::rs;
             cs.small_chunk = v & 4;
             cs.peer_memory = algo == EpAlgo::ag || v == 0;
+            cs.y_in_place = base_index % 2 == 1;
             cases.push_back(cs);
           }
           ++base_index;
@@ -320,7 +325,9 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     const DispatchOutput cached = buf.dispatch(in.as_input(cfg).x, in.as_input(cfg).scales, out.handle);
     check_same_dispatch(c, cached, out);
 
-    const Tensor y = make_y(out, cfg, me, w, opts.seed, token_offset);
+    // combine_input: on mpi's direct lowering a view of the shared window, which expose then
+    // does not copy.
+    const Tensor y = make_y(out, cfg, me, w, opts.seed, token_offset, cs.y_in_place ? buf.combine_input(out.handle) : Tensor());
     const CombineOutput comb = buf.combine(y, out.handle);
     const ref::ExpectedCombine ec = ref::expected_combine(all, cfg, w, me, opts.seed, token_offset);
     c.equal_tensor("combined weights", comb.topk_weights, ec.weights.data(), ec.weights.size() * 4);

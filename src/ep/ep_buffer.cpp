@@ -226,6 +226,10 @@ struct EPBuffer::Impl {
   bool large_call(const HandleData& h, size_t row_bytes) const {
     return uint64_t(h.plan.total) * row_bytes >= uint64_t(world) * kEpDirectMinBytes;
   }
+  // a2a combine reads the peers' y where they are (the direct lowering).
+  bool reads_peer_y(const HandleData& h) const {
+    return algo == EpAlgo::a2a && group.peer_memory() != PeerMemory::none && use_direct(h, size_t(cfg.hidden) * 2);
+  }
   // a2a dispatch under the `v` lowering sends x rows apart from their records for a large call.
   bool rows_apart(const HandleData& h) const {
     return h.plan.lowering == ep::a2a::Lowering::v && large_call(h, sizes.ag_record.x_bytes);
@@ -492,6 +496,17 @@ struct EPBuffer::Impl {
     ep::rows::weighted_sum(w.data(), rows.data(), m, size_t(cfg.hidden), true, bits, f32);
   }
 
+  Tensor combine_input(const Handle& handle) {
+    check_handle(handle, "combine_input");
+    const HandleData& h = *handle.data;
+    const int64_t rows = cfg.expand ? h.num_expanded : h.num_recv;
+    // Combine exposes y as its first region: built in the staging place, it is not copied.
+    if (reads_peer_y(h))
+      if (std::byte* at = group.expose_staging(size_t(rows) * size_t(cfg.hidden) * 2))
+        return Tensor::borrow(at, DType::bf16, {rows, cfg.hidden});
+    return Tensor::empty(DType::bf16, {rows, cfg.hidden});
+  }
+
   CombineOutput combine(const Tensor& y, const Handle& handle) {
     stats = {};
     check_handle(handle, "combine");
@@ -632,7 +647,7 @@ struct EPBuffer::Impl {
   }
 
   void combine_a2a(const HandleData& h, const uint16_t* y, CombineOutput& out) {
-    if (group.peer_memory() != PeerMemory::none && use_direct(h, size_t(cfg.hidden) * 2)) return combine_direct(h, y, out);
+    if (reads_peer_y(h)) return combine_direct(h, y, out);
     const int k = cfg.num_topk, hd = cfg.hidden;
     const bool exact = cfg.combine == CombineMode::exact;
     const int64_t* own_idx = h.topk_idx.data<int64_t>();
@@ -806,6 +821,7 @@ DispatchOutput EPBuffer::dispatch(const Tensor& x, const Tensor& scales, const H
   return impl_->dispatch_cached(x, scales, handle);
 }
 CombineOutput EPBuffer::combine(const Tensor& y, const Handle& handle) { return impl_->combine(y, handle); }
+Tensor EPBuffer::combine_input(const Handle& handle) { return impl_->combine_input(handle); }
 const EPConfig& EPBuffer::config() const { return impl_->cfg; }
 int EPBuffer::world_size() const { return impl_->world; }
 EpAlgo EPBuffer::algorithm() const { return impl_->algo; }

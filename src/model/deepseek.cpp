@@ -79,7 +79,7 @@ struct DeepseekModel::Impl {
   float softmax_scale = 0.0f;
 
   // Scratch (per rank; forward is not reentrant).
-  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf, ubuf, shared_out, ybuf, gath;
+  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf, ubuf, shared_out, gath;
   Scratch<fp8_e4m3> xq, tq;
   Scratch<float> xs, ts, router_logits, topk_w, margins;
   Scratch<int64_t> topk_idx, positions;
@@ -450,7 +450,10 @@ struct DeepseekModel::Impl {
       dout = ep->dispatch(din);
     }
     const int64_t S = dout.x.dim(0);
-    bf16* y = ybuf.get(S * hid);  // [S, hid] expert outputs in the expand layout
+    // [S, hid] expert outputs in the expand layout, written where combine reads them (on mpi's
+    // direct lowering, the shared window: no copy there).
+    Tensor y_out = ep->combine_input(dout.handle);
+    bf16* y = y_out.data<bf16>();
     {
       k::KernelTag tag("moe.experts");
       int64_t off = 0;
@@ -472,7 +475,7 @@ struct DeepseekModel::Impl {
     CombineOutput cout_;
     {
       k::KernelTag tag("moe.combine");
-      cout_ = ep->combine(Tensor::borrow(y, DType::bf16, {S, hid}), dout.handle);
+      cout_ = ep->combine(y_out, dout.handle);
     }
     if (T == 0) return;
     const bf16* routed = cout_.x.data<bf16>();  // [T, hid] bf16(Σ_k w_k·y_k)

@@ -3,6 +3,7 @@
 
 #include <deepinfer/comm.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -33,20 +34,33 @@ inline std::vector<std::byte> payload(size_t count, size_t es, uint64_t a, uint6
   return v;
 }
 
-// Group::expose over three rounds whose sizes grow (the mpi window is re-allocated) and differ by
-// rank, with a region empty on rank 0 and one empty everywhere: every rank reads every rank's payload. Returns the regions that
-// came back wrong (0 = pass).
-inline int expose_mismatches(Group& g) {
+// Group::expose over five rounds whose sizes grow (the mpi window is re-allocated) and differ by
+// rank, with a region empty on rank 0 and one empty everywhere: every rank reads every rank's
+// payload. Region 0 is built in Group::expose_staging where it offers a place, including a round
+// whose other regions make the window grow under it (the regions move to the new window).
+// Returns the regions that came back wrong (0 = pass); *staged: the rounds that built in place.
+inline int expose_mismatches(Group& g, int* staged = nullptr) {
   const int n = g.size(), me = g.rank();
   int bad = 0;
-  for (uint64_t round = 1; round <= 3; ++round) {
+  if (staged) *staged = 0;
+  for (uint64_t round = 1; round <= 5; ++round) {
     // Past the mpi window's first 1 MiB by round 2 at small worlds (kept small at 64 ranks).
-    const size_t big = n <= 4 ? round * round * round * round * 100000 : round * 1000;
-    auto size_of = [&](int r, size_t i) { return i == 0 ? big + size_t(r) * 7 : i == 1 ? size_t(r) * 13 : 0; };
+    const uint64_t grow = std::min<uint64_t>(round, 3);
+    const size_t big = n <= 4 ? grow * grow * grow * grow * 100000 : grow * 1000;
+    // Round 4: region 1 alone outgrows the window that region 0 was staged in.
+    const size_t extra = round == 4 ? (n <= 4 ? size_t(4) << 20 : size_t(1100) << 10) : 0;
+    auto size_of = [&](int r, size_t i) {
+      return i == 0 ? big + size_t(r) * 7 : i == 1 ? extra + size_t(r) * 13 : 0;
+    };
     std::vector<std::vector<std::byte>> mine;
     std::vector<std::span<const std::byte>> regions;
     for (size_t i = 0; i < 3; ++i) mine.push_back(payload(size_of(me, i), 1, round * 10 + i, uint64_t(me)));
     for (const auto& m : mine) regions.emplace_back(m.data(), m.size());
+    if (std::byte* at = g.expose_staging(mine[0].size())) {
+      std::memcpy(at, mine[0].data(), mine[0].size());
+      regions[0] = std::span<const std::byte>(at, mine[0].size());
+      if (staged) ++*staged;
+    }
     std::vector<const std::byte*> peers;
     g.expose(regions, peers);
     if (peers.size() != size_t(n) * 3) return 1000;

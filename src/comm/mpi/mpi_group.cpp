@@ -189,8 +189,12 @@ void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::
     for (size_t i = 0; i < n; ++i) b += aligned(sizes[r * n + i]);
     need = std::max(need, b);
   }
-  if (window_ == MPI_WIN_NULL || need > window_bytes_) {  // same sizes everywhere: all ranks grow here
-    free_window();
+  // Same sizes everywhere: all ranks grow here. The old window is freed only after the regions
+  // are copied, since one may have been built in it (expose_staging).
+  MPI_Win old = MPI_WIN_NULL;
+  if (window_ == MPI_WIN_NULL || need > window_bytes_) {
+    old = window_;
+    window_ = MPI_WIN_NULL;
     const size_t bytes = std::max<size_t>(need + need / 4, size_t(1) << 20);
     void* base = nullptr;
     const int rc = MPI_Win_allocate_shared(MPI_Aint(bytes), 1, MPI_INFO_NULL, node_comm_, &base, &window_);
@@ -211,7 +215,11 @@ void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::
   }
   std::byte* own = window_at_[size_t(rank_)];
   for (size_t i = 0, off = 0; i < n; off += aligned(regions[i].size()), ++i)
-    if (!regions[i].empty()) std::memcpy(own + off, regions[i].data(), regions[i].size());
+    if (!regions[i].empty() && regions[i].data() != own + off) std::memcpy(own + off, regions[i].data(), regions[i].size());
+  if (old != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(old);
+    MPI_Win_free(&old);
+  }
   // Stores before the barrier are visible to the peers' loads after it (MPI-3 separate/unified
   // shared-memory model: sync, barrier, sync).
   MPI_Win_sync(window_);
@@ -221,6 +229,11 @@ void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::
   for (size_t r = 0; r < w; ++r)
     for (size_t i = 0, off = 0; i < n; off += aligned(sizes[r * n + i]), ++i)
       peers[r * n + i] = window_at_[r] + off;
+}
+
+std::byte* MpiGroup::expose_staging(size_t bytes) {
+  if (peer_memory() == PeerMemory::none || window_ == MPI_WIN_NULL || bytes > window_bytes_) return nullptr;
+  return window_at_[size_t(rank_)];
 }
 
 MpiGroup::Call MpiGroup::begin(OpKind op, size_t bytes) {

@@ -51,6 +51,7 @@ class MpiGroup final : public Group {
     return node_comm_ != MPI_COMM_NULL ? PeerMemory::window : PeerMemory::none;
   }
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
+  std::byte* expose_staging(size_t bytes) override;
 
   // A collective timed out (its requests are still pending): the job must be aborted.
   bool broken() const { return broken_; }
