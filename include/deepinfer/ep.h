@@ -145,6 +145,12 @@ class EPBuffer {
   // ordinary tensor as y is copied in first); else a new tensor. A view stays valid until that
   // combine returns, and only while no other expose runs on the group in between.
   Tensor combine_input(const Handle& handle);
+  // Local. Where to write x for dispatch: [T, H] in the dispatch dtype, contents undefined. On
+  // a2a over a shared window (mpi, one host) a view of this rank's part of it: when every rank's
+  // x is there, dispatch has the peers read the rows in place (the direct lowering) instead of
+  // exchanging them. Else a new tensor. A view stays valid, and holds x, until the next expose on
+  // the group (the next combine's, or a combine_input view written) — so read x before that.
+  Tensor dispatch_input(int64_t num_tokens);
 
   const EPConfig& config() const;
   int world_size() const;

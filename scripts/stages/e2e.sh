@@ -1,7 +1,8 @@
 # End to end (issue 5): `deepinfer check e2e` on models/tiny against the PyTorch golden at EP 1, 2,
-# 4, 8 on `local` and 2, 4 on `mpi`, for both EP algorithms (ag, a2a), with `exact` combine; every
-# run must print the same logits hash as EP 1 (bit-identical across EP sizes and algorithms,
-# enforced with --expect-hash). Then the README demo command as a smoke run.
+# 4, 8 on `local` and 2, 4 on `mpi`, for both EP algorithms (ag, a2a), with `exact` combine, and
+# once with a2a's direct lowering forced on mpi; every run must print the same logits hash as EP 1
+# (bit-identical across EP sizes and algorithms, enforced with --expect-hash). Then the README demo
+# command as a smoke run.
 set -euo pipefail
 export DEEPINFER_COMM_TIMEOUT_S=${DEEPINFER_COMM_TIMEOUT_S:-120}
 export DEEPINFER_EP_COMBINE=exact
@@ -24,6 +25,12 @@ for algo in ag a2a; do
       --expect-hash "$hash" | tail -3
   done
 done
+
+# The tiny model's calls are below the size where `auto` takes the direct lowering: force it, so the
+# model's x and y written into the mpi shared window (dispatch_input, combine_input) are covered.
+echo "--- check e2e mpi EP=2 algo=a2a peer memory on (direct dispatch and combine through the window)"
+DEEPINFER_EP_PEER_MEMORY=on mpirun --oversubscribe -x DEEPINFER_EP_PEER_MEMORY -np 2 "$DEEPINFER" check e2e \
+  --model "$MODEL" --ep 2 --comm mpi --algo a2a --expect-hash "$hash" | tail -3
 
 # The host (reference) kernels follow tools/reference/NUMERICS.md too, so the golden tolerance holds.
 echo "--- check e2e local EP=2 on the host (reference) kernels"

@@ -22,8 +22,9 @@ struct CaseSpec {
   EpReduce reduce = EpReduce::rs;
   bool small_chunk = false;
   bool peer_memory = true;  // a2a: the direct lowering (on), else the exchange (off)
-  // y written where combine reads it (EPBuffer::combine_input), else into a tensor of its own.
-  bool y_in_place = false;
+  // x and y written where dispatch and combine read them (EPBuffer::dispatch_input and
+  // combine_input), else into tensors of their own.
+  bool in_place = false;
 
   std::string name() const {
     std::string s = fmt::format("algo={} dtype={} expand={} align={} combine={}", to_string(algo),
@@ -32,7 +33,7 @@ struct CaseSpec {
     if (algo != EpAlgo::a2a)
       s += fmt::format(" rows={} reduce={} chunk={}", to_string(rows), to_string(reduce), small_chunk ? "4K" : "default");
     if (!peer_memory) s += " peer_memory=off";
-    if (y_in_place) s += " y=combine_input";
+    if (in_place) s += " x,y=in_place";
     return s;
   }
   // Cases that must give the same combine output (same data, same combine semantics).
@@ -290,7 +291,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
             cs.reduce = v & 2 ? EpReduce::ar : EpReduce::rs;
             cs.small_chunk = v & 4;
             cs.peer_memory = algo == EpAlgo::ag || v == 0;
-            cs.y_in_place = base_index % 2 == 1;
+            cs.in_place = base_index % 2 == 1;
             cases.push_back(cs);
           }
           ++base_index;
@@ -320,14 +321,21 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     if (opts.verbose && me == 0)
       fmt::print("check ep: case {}/{} {} (resolved {})\n", ci + 1, cases.size(), cs.name(), to_string(buf.algorithm()));
     check_layout(c, buf, in, cfg, w);
-    const DispatchOutput out = buf.dispatch(in.as_input(cfg));
+    // dispatch_input, combine_input: on mpi's direct lowering views of the shared window, which
+    // expose then does not copy (x read in place needs every rank's x there: all cases agree).
+    DispatchInput din = in.as_input(cfg);
+    Tensor x_in;
+    if (cs.in_place) {
+      x_in = buf.dispatch_input(din.x.dim(0));
+      if (x_in.nbytes()) std::memcpy(x_in.raw(), din.x.raw(), x_in.nbytes());
+      din.x = x_in;
+    }
+    const DispatchOutput out = buf.dispatch(din);
     check_dispatch(c, out, ref::expected_dispatch(all, cfg, w, me), cfg);
     const DispatchOutput cached = buf.dispatch(in.as_input(cfg).x, in.as_input(cfg).scales, out.handle);
     check_same_dispatch(c, cached, out);
 
-    // combine_input: on mpi's direct lowering a view of the shared window, which expose then
-    // does not copy.
-    const Tensor y = make_y(out, cfg, me, w, opts.seed, token_offset, cs.y_in_place ? buf.combine_input(out.handle) : Tensor());
+    const Tensor y = make_y(out, cfg, me, w, opts.seed, token_offset, cs.in_place ? buf.combine_input(out.handle) : Tensor());
     const CombineOutput comb = buf.combine(y, out.handle);
     const ref::ExpectedCombine ec = ref::expected_combine(all, cfg, w, me, opts.seed, token_offset);
     c.equal_tensor("combined weights", comb.topk_weights, ec.weights.data(), ec.weights.size() * 4);

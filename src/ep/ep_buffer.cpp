@@ -226,6 +226,10 @@ struct EPBuffer::Impl {
   bool large_call(const HandleData& h, size_t row_bytes) const {
     return uint64_t(h.plan.total) * row_bytes >= uint64_t(world) * kEpDirectMinBytes;
   }
+  // x was built in the group's expose staging place (dispatch_input), so exposing it copies nothing.
+  bool x_in_place(const Tensor& x) const {
+    return group.peer_memory() == PeerMemory::window && (x.nbytes() == 0 || x.raw() == group.expose_staging(x.nbytes()));
+  }
   // a2a combine reads the peers' y where they are (the direct lowering).
   bool reads_peer_y(const HandleData& h) const {
     return algo == EpAlgo::a2a && group.peer_memory() != PeerMemory::none && use_direct(h, size_t(cfg.hidden) * 2);
@@ -426,7 +430,7 @@ struct EPBuffer::Impl {
     } else {
       std::vector<int64_t> counts(static_cast<size_t>(world));
       for (int r = 0; r < world; ++r) counts[size_t(r)] = h->send_offsets[size_t(r) + 1] - h->send_offsets[size_t(r)];
-      h->plan = ep::a2a::make_plan(group, counts, err.empty());
+      h->plan = ep::a2a::make_plan(group, counts, err.empty(), err.empty() && x_in_place(in.x));
       stop_if_invalid(err, h->plan.first_invalid_rank, "dispatch");
     }
     stats.collectives += 1;  // the agreement all_reduce (ag) or the plan all_gather (a2a)
@@ -443,9 +447,11 @@ struct EPBuffer::Impl {
       ag_exchange(h, src, h_fill == nullptr, rows);
       return unpack(rows, h_fill, h);
     }
-    // Direct dispatch only where exposing copies nothing: behind a shared window the exposed x
-    // would be one copy more than the exchange (mpi W=2: 1.06 vs 0.80 ms).
-    if (group.peer_memory() == PeerMemory::address_space && use_direct(h, sizes.ag_record.x_bytes)) {
+    // Direct dispatch only where exposing x copies nothing: in one address space, or where every
+    // rank's x sits in its window staging place (agreed in the plan: uncached dispatch only).
+    // Else the exposed x would be one copy more than the exchange (mpi W=2: 1.06 vs 0.80 ms).
+    const bool x_readable = group.peer_memory() == PeerMemory::address_space || (h_fill && h.plan.all_x_in_place);
+    if (x_readable && use_direct(h, sizes.ag_record.x_bytes)) {
       a2a_direct_rows(h, src, rows);
       DispatchOutput out = unpack(rows, h_fill, h);
       group.barrier();  // the sources' buffers stay put until every rank has read its rows
@@ -494,6 +500,17 @@ struct EPBuffer::Impl {
       rows[size_t(m++)] = y_row(h, y, i, j);
     }
     ep::rows::weighted_sum(w.data(), rows.data(), m, size_t(cfg.hidden), true, bits, f32);
+  }
+
+  Tensor dispatch_input(int64_t num_tokens) {
+    DI_CHECK(num_tokens >= 0 && num_tokens <= cfg.num_max_tokens_per_rank,
+             "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{}", rank, world, num_tokens,
+             cfg.num_max_tokens_per_rank);
+    const DType dt = cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16;
+    const size_t bytes = size_t(num_tokens) * sizes.ag_record.x_bytes;
+    if (algo == EpAlgo::a2a && group.peer_memory() == PeerMemory::window && bytes != 0)
+      if (std::byte* at = group.expose_staging(bytes)) return Tensor::borrow(at, dt, {num_tokens, cfg.hidden});
+    return Tensor::empty(dt, {num_tokens, cfg.hidden});
   }
 
   Tensor combine_input(const Handle& handle) {
@@ -822,6 +839,7 @@ DispatchOutput EPBuffer::dispatch(const Tensor& x, const Tensor& scales, const H
 }
 CombineOutput EPBuffer::combine(const Tensor& y, const Handle& handle) { return impl_->combine(y, handle); }
 Tensor EPBuffer::combine_input(const Handle& handle) { return impl_->combine_input(handle); }
+Tensor EPBuffer::dispatch_input(int64_t num_tokens) { return impl_->dispatch_input(num_tokens); }
 const EPConfig& EPBuffer::config() const { return impl_->cfg; }
 int EPBuffer::world_size() const { return impl_->world; }
 EpAlgo EPBuffer::algorithm() const { return impl_->algo; }

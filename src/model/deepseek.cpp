@@ -391,6 +391,13 @@ struct DeepseekModel::Impl {
       residual_add(hbuf, out, hbuf, T * hid);
       return;
     }
+    // The fp8 activations go where dispatch reads them in place (on mpi's direct lowering, the
+    // shared window; they stay there only until combine_input, so the shared experts run first).
+    Tensor x_dispatch;
+    if (fp8_experts) {
+      x_dispatch = ep->dispatch_input(T);
+      xq8 = x_dispatch.data<fp8_e4m3>();
+    }
     const int64_t E = cfg.n_routed_experts, K = cfg.num_experts_per_tok;
     int64_t* idx = topk_idx.get(T * K);
     float* wts = topk_w.get(T * K);
@@ -449,6 +456,12 @@ struct DeepseekModel::Impl {
       k::KernelTag tag("moe.dispatch");
       dout = ep->dispatch(din);
     }
+    bf16* shared = nullptr;
+    if (L.has_shared && T > 0) {
+      k::KernelTag tag("moe.shared");
+      shared = shared_out.get(T * hid);
+      mlp(L.shared, Act{x, xq8, xs8}, T, shared);
+    }
     const int64_t S = dout.x.dim(0);
     // [S, hid] expert outputs in the expand layout, written where combine reads them (on mpi's
     // direct lowering, the shared window: no copy there).
@@ -479,11 +492,8 @@ struct DeepseekModel::Impl {
     }
     if (T == 0) return;
     const bf16* routed = cout_.x.data<bf16>();  // [T, hid] bf16(Σ_k w_k·y_k)
-    if (L.has_shared) {
-      k::KernelTag tag("moe.shared");
-      bf16* so = shared_out.get(T * hid);
-      mlp(L.shared, Act{x, xq8, xs8}, T, so);
-      residual_add(routed, so, out, T * hid);  // bf16(routed + shared)
+    if (shared) {
+      residual_add(routed, shared, out, T * hid);  // bf16(routed + shared)
     } else {
       std::memcpy(out, routed, size_t(T * hid) * sizeof(bf16));
     }

@@ -161,12 +161,25 @@ int run_bench(const BenchEpCli& o) {
     for (EpAlgo algo : algos) {
       cfg.algo = algo;
       EPBuffer buf(g, cfg);
+      // As a serving loop after its first layer: one dispatch and combine have sized the shared
+      // window (mpi's direct lowering), and x and y are then written where dispatch and combine
+      // read them (dispatch_input, combine_input), so neither copies them in.
+      DispatchInput d_in = di;
+      {
+        const DispatchOutput first = buf.dispatch(d_in);
+        Tensor y0 = buf.combine_input(first.handle);
+        std::memset(y0.raw(), 0, y0.nbytes());
+        buf.combine(y0, first.handle);
+      }
+      Tensor x_in = buf.dispatch_input(di.x.dim(0));
+      std::memcpy(x_in.raw(), di.x.raw(), x_in.nbytes());
+      d_in.x = x_in;
       DispatchOutput out;
       // Each call's outputs are dropped before the next, as a serving loop drops a layer's
       // (the storage cache then hands the same blocks back, like the raw run's reused buffers).
       const double t_dispatch = time_median(g, o.warmup, o.iters, [&] {
         out = {};
-        out = buf.dispatch(di);
+        out = buf.dispatch(d_in);
       });
       // Bytes a rank moves: the larger of what it sends and receives (a reduce_scatter sends W
       // blocks and receives one; an all_gather the reverse), max over ranks.
@@ -182,13 +195,7 @@ int run_bench(const BenchEpCli& o) {
         for (int64_t c = 0; c < cfg.hidden; ++c)
           y.data<uint16_t>()[i * cfg.hidden + c] = ep::ref::y_value(3, (gid / m) * m + gid % m, cfg.num_experts + me, int(c));
       }
-      CombineOutput comb = buf.combine(y, out.handle);
-      // As a serving loop's later layers: once a combine has sized the shared window (mpi's direct
-      // lowering), combine_input is a view of it and the expert outputs need no copy there.
-      if (Tensor in_place = buf.combine_input(out.handle); in_place.raw() != y.raw()) {
-        std::memcpy(in_place.raw(), y.raw(), y.nbytes());
-        y = in_place;
-      }
+      CombineOutput comb;
       const double t_combine = time_median(g, o.warmup, o.iters, [&] {
         comb = {};
         comb = buf.combine(y, out.handle);

@@ -25,20 +25,22 @@ Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& cap
       "DEEPINFER_EP_ALGO=ag (or auto), which needs no all_to_all");
 }
 
-Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid) {
+Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid, bool x_in_place) {
   const int w = group.size();
   DI_CHECK(int(send_counts.size()) == w, "a2a plan: {} send counts for {} ranks", send_counts.size(), w);
-  // One row per rank: [valid, counts to rank 0 .. W-1].
+  // One row per rank: [flags (bit 0: valid, bit 1: x in place), counts to rank 0 .. W-1].
   const size_t row = size_t(w) + 1;
   std::vector<int64_t> mine(row), all(row * size_t(w));
-  mine[0] = input_valid;
+  mine[0] = int64_t(input_valid) | int64_t(x_in_place) << 1;
   std::copy(send_counts.begin(), send_counts.end(), mine.begin() + 1);
   group.all_gather(mine.data(), all.data(), row * 8, DType::u8);
   Plan p;
   p.world = w;
   p.split.assign(size_t(w) * size_t(w), 0);
+  p.all_x_in_place = true;
   for (int r = w - 1; r >= 0; --r) {
-    if (!all[size_t(r) * row]) p.first_invalid_rank = r;
+    if (!(all[size_t(r) * row] & 1)) p.first_invalid_rank = r;
+    p.all_x_in_place = p.all_x_in_place && (all[size_t(r) * row] & 2);
     std::copy_n(all.begin() + std::ptrdiff_t(size_t(r) * row + 1), w, p.split.begin() + std::ptrdiff_t(size_t(r) * size_t(w)));
   }
   if (p.first_invalid_rank >= 0) return p;

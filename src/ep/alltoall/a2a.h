@@ -26,6 +26,7 @@ struct Plan {
   int64_t max_split = 0;
   int64_t total = 0;            // records all ranks send in all
   int first_invalid_rank = -1;  // lowest rank that passed invalid input (split left empty), or -1
+  bool all_x_in_place = false;  // every rank's x lies where its next expose finds it in place
   int64_t send(int i, int j) const { return split[size_t(i) * size_t(world) + size_t(j)]; }
   // Where rank i's records for rank j start in i's send list (ranks in order).
   int64_t send_offset(int i, int j) const {
@@ -44,10 +45,10 @@ struct Plan {
 // Same on every rank given the same matrix. Throws when the backend trusts no lowering.
 Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& caps);
 
-// Collective: one all_gather of this rank's send counts [W] and whether its input is valid, so
-// the agreement on invalid input costs no collective of its own; returns the agreed plan (with
-// no lowering chosen where a rank's input was invalid).
-Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid);
+// Collective: one all_gather of this rank's send counts [W], whether its input is valid and
+// whether its x is in place (Group::expose_staging), so neither agreement costs a collective of
+// its own; returns the agreed plan (with no lowering chosen where a rank's input was invalid).
+Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid, bool x_in_place = false);
 
 // Reusable staging for the padded lowering.
 struct Scratch {
