@@ -148,8 +148,9 @@ class EPBuffer {
   // Local. Where to write x for dispatch: [T, H] in the dispatch dtype, contents undefined. On
   // a2a over a shared window (mpi, one host) a view of this rank's part of it: when every rank's
   // x is there, dispatch has the peers read the rows in place (the direct lowering) instead of
-  // exchanging them. Else a new tensor. A view stays valid, and holds x, until the next expose on
-  // the group (the next combine's, or a combine_input view written) — so read x before that.
+  // exchanging them. Else a new tensor. A view holds x through the dispatch (it keeps room for all
+  // that dispatch exposes) until the place is reused: a combine_input view written, or another
+  // expose on the group. Read x after dispatch (e.g. shared experts) before that.
   Tensor dispatch_input(int64_t num_tokens);
 
   const EPConfig& config() const;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cstring>
 #include <map>
 #include <string>
@@ -164,6 +165,46 @@ void check_layout(Checker& c, const EPBuffer& buf, const ref::RankInput& in, con
 
 // Invalid input on one rank must be an Error on every rank (agreed before data moves), never a
 // hang or a timeout. Returns the number of failed expectations on this rank.
+// Over a shared window (mpi): x written through dispatch_input is still there after dispatch (the
+// model's shared experts read it), also where the window barely holds x: dispatch_input must then
+// not offer the window, whose growth for the rest of what dispatch exposes would free it under x.
+// Run before anything else has grown the group's window past the 1 MiB it starts with. Returns
+// the bytes of x that changed (0 = pass), summed over ranks.
+int64_t check_x_survives_dispatch(Group& group) {
+  const int w = group.size(), me = group.rank();
+  std::array<std::byte, 64> tiny{};
+  std::vector<const std::byte*> peers;
+  group.expose(std::array{std::span<const std::byte>(tiny)}, peers);  // the window exists: 1 MiB
+  group.barrier();
+  EPConfig cfg;
+  cfg.num_experts = 2 * w;
+  cfg.hidden = 7168;
+  cfg.num_topk = 2;
+  cfg.num_max_tokens_per_rank = int64_t(1 << 20) / cfg.hidden;  // x alone fits in 1 MiB
+  cfg.dispatch_dtype = DispatchDType::fp8;
+  cfg.algo = EpAlgo::a2a;
+  cfg.peer_memory = EpPeerMemory::on;
+  EPBuffer buf(group, cfg);
+  const int64_t t = cfg.num_max_tokens_per_rank, p = cfg.scale_cols();
+  std::vector<uint8_t> x(size_t(t * cfg.hidden));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = uint8_t((i * 131 + size_t(me) * 17) % 251);  // no NaN codes
+  std::vector<float> scales(size_t(t * p), 1.0f), weights(size_t(t * 2), 0.5f);
+  std::vector<int64_t> idx(size_t(t * 2));
+  for (int64_t i = 0; i < t; ++i) idx[size_t(2 * i)] = i % cfg.num_experts, idx[size_t(2 * i + 1)] = (i + 1) % cfg.num_experts;
+  DispatchInput in;
+  in.x = buf.dispatch_input(t);
+  std::memcpy(in.x.raw(), x.data(), x.size());
+  in.scales = Tensor::borrow(scales.data(), DType::f32, {t, p});
+  in.topk_weights = Tensor::borrow(weights.data(), DType::f32, {t, 2});
+  in.topk_idx = Tensor::borrow(idx.data(), DType::i64, {t, 2});
+  buf.dispatch(in);
+  int64_t changed = 0;
+  const auto* now = static_cast<const uint8_t*>(in.x.raw());
+  for (size_t i = 0; i < x.size(); ++i) changed += now[i] != x[i];
+  group.all_reduce(&changed, 1, DType::i64, ReduceOp::sum);
+  return changed;
+}
+
 int check_invalid_inputs(Group& group, const EPConfig& base, const ref::GenParams& gp, bool print) {
   const int w = group.size(), me = group.rank();
   int failed = 0;
@@ -298,7 +339,10 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
         }
   }
 
-  std::vector<int64_t> case_failed(cases.size() + 1, 0);
+  // Extra checks after the cases: invalid input, then (over a shared window) x kept through dispatch.
+  const bool window = group.peer_memory() == PeerMemory::window;
+  std::vector<int64_t> case_failed(cases.size() + 1 + window, 0);
+  if (window && check_x_survives_dispatch(group) != 0) case_failed[cases.size() + 1] = 1;
   std::map<std::string, std::vector<uint16_t>> combined_by_key;
   int64_t ulp_diffs = 0, ulp_max = 0;
   for (size_t ci = 0; ci < cases.size(); ++ci) {
@@ -332,6 +376,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     }
     const DispatchOutput out = buf.dispatch(din);
     check_dispatch(c, out, ref::expected_dispatch(all, cfg, w, me), cfg);
+    if (cs.in_place)  // the model reads x again after dispatch (its shared experts)
+      c.equal_tensor("x after dispatch", x_in, in.as_input(cfg).x.raw(), size_t(x_in.nbytes()));
     const DispatchOutput cached = buf.dispatch(in.as_input(cfg).x, in.as_input(cfg).scales, out.handle);
     check_same_dispatch(c, cached, out);
 
@@ -397,13 +443,15 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
 
   CheckEpResult res;
   std::map<std::string, std::pair<int, int>> per_algo;
-  for (size_t ci = 0; ci <= cases.size(); ++ci) {
-    const std::string key = ci < cases.size() ? std::string(to_string(cases[ci].algo)) : "invalid-input";
+  for (size_t ci = 0; ci < case_failed.size(); ++ci) {
+    const std::string key = ci < cases.size()    ? std::string(to_string(cases[ci].algo))
+                            : ci == cases.size() ? "invalid-input"
+                                                 : "x-in-place";
     auto& pa = per_algo[key];
     if (case_failed[ci]) {
       ++res.failed;
       ++pa.second;
-      if (me == 0) fmt::print("check ep: FAIL {}\n", ci < cases.size() ? cases[ci].name() : "invalid-input checks");
+      if (me == 0) fmt::print("check ep: FAIL {}\n", ci < cases.size() ? cases[ci].name() : key + " checks");
     } else {
       ++res.passed;
       ++pa.first;
@@ -413,7 +461,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
   if (me == 0) {
     fmt::print("check ep: {} on {} W={} E={} H={} K={} M={} ({} cases{})\n", ordered ? "ordered reduce" : "unordered reduce",
                group.backend(), w, base.num_experts, base.hidden, base.num_topk, base.num_max_tokens_per_rank,
-               cases.size() + 1, prune ? ", ag variants pruned" : "");
+               case_failed.size(), prune ? ", ag variants pruned" : "");
     for (const auto& [k, v] : per_algo) fmt::print("check ep: {:14s} {} passed, {} failed\n", k, v.first, v.second);
     if (!ordered)
       fmt::print("check ep: fast combine through the backend's reduce_scatter: {} elements differ from ascending "

@@ -507,9 +507,12 @@ struct EPBuffer::Impl {
              "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{}", rank, world, num_tokens,
              cfg.num_max_tokens_per_rank);
     const DType dt = cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16;
-    const size_t bytes = size_t(num_tokens) * sizes.ag_record.x_bytes;
-    if (algo == EpAlgo::a2a && group.peer_memory() == PeerMemory::window && bytes != 0)
-      if (std::byte* at = group.expose_staging(bytes)) return Tensor::borrow(at, dt, {num_tokens, cfg.hidden});
+    // Room for every region a2a_direct_rows exposes (the send list at most T·W ids), so that
+    // expose never grows the window under x, which the caller may still read after dispatch.
+    const size_t t = size_t(num_tokens), k = size_t(cfg.num_topk);
+    const size_t room = t * sizes.ag_record.x_bytes + t * sizes.ag_record.scale_bytes + t * k * 12 + t * size_t(world) * 8 + 5 * 64;
+    if (algo == EpAlgo::a2a && group.peer_memory() == PeerMemory::window && t != 0)
+      if (std::byte* at = group.expose_staging(room)) return Tensor::borrow(at, dt, {num_tokens, cfg.hidden});
     return Tensor::empty(dt, {num_tokens, cfg.hidden});
   }
 
@@ -517,9 +520,11 @@ struct EPBuffer::Impl {
     check_handle(handle, "combine_input");
     const HandleData& h = *handle.data;
     const int64_t rows = cfg.expand ? h.num_expanded : h.num_recv;
-    // Combine exposes y as its first region: built in the staging place, it is not copied.
+    // Combine exposes y as its first region (then the expand slots): built in the staging place,
+    // with room for both, it is not copied and the window does not grow under it.
+    const size_t room = size_t(rows) * size_t(cfg.hidden) * 2 + (cfg.expand ? h.expand_slot.size() * 8 : 0) + 2 * 64;
     if (reads_peer_y(h))
-      if (std::byte* at = group.expose_staging(size_t(rows) * size_t(cfg.hidden) * 2))
+      if (std::byte* at = group.expose_staging(room))
         return Tensor::borrow(at, DType::bf16, {rows, cfg.hidden});
     return Tensor::empty(DType::bf16, {rows, cfg.hidden});
   }
