@@ -142,15 +142,17 @@ class EPBuffer {
   // Local. Where to write the expert outputs for combine(y, handle): [N, H] or [S, H] bf16,
   // contents undefined. Where combine reads the peers' y through a shared window (a2a direct on
   // mpi, one host), this is a view of this rank's part of it, so combine copies nothing there (an
-  // ordinary tensor as y is copied in first); else a new tensor. A view stays valid until that
-  // combine returns, and only while no other expose runs on the group in between.
+  // ordinary tensor as y is copied in first); else a buffer this EPBuffer reuses at its next
+  // combine_input. A window view stays valid until that combine returns, and only while no other
+  // expose runs on the group in between.
   Tensor combine_input(const Handle& handle);
   // Local. Where to write x for dispatch: [T, H] in the dispatch dtype, contents undefined. On
   // a2a over a shared window (mpi, one host) a view of this rank's part of it: when every rank's
   // x is there, dispatch has the peers read the rows in place (the direct lowering) instead of
-  // exchanging them. Else a new tensor. A view holds x through the dispatch (it keeps room for all
-  // that dispatch exposes) until the place is reused: a combine_input view written, or another
-  // expose on the group. Read x after dispatch (e.g. shared experts) before that.
+  // exchanging them. Else a buffer this EPBuffer reuses at its next dispatch_input (either kind
+  // belongs to the EPBuffer: don't keep it past it). A view holds x through the dispatch (it keeps
+  // room for all that dispatch exposes) until the place is reused: a combine_input view written,
+  // or another expose on the group. Read x after dispatch (e.g. shared experts) before that.
   Tensor dispatch_input(int64_t num_tokens);
 
   const EPConfig& config() const;

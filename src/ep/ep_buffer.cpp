@@ -86,6 +86,7 @@ struct EPBuffer::Impl {
   ep::EpSizes sizes;
   // Reused across calls (sized by ep_size_hint, grown on demand).
   std::vector<std::byte> send_buf, recv_buf, recv_x, comb_send, comb_recv;
+  std::vector<std::byte> x_spare, y_spare;  // dispatch_input / combine_input outside a shared window
   std::vector<float> red_send, red_recv, acc;
   std::vector<int> part_count, group_count, group_end;
   std::vector<float> slot_w;
@@ -502,6 +503,14 @@ struct EPBuffer::Impl {
     ep::rows::weighted_sum(w.data(), rows.data(), m, size_t(cfg.hidden), true, bits, f32);
   }
 
+  // [rows, H] of dt in a buffer reused call after call (grown on demand): a serving loop writes a
+  // layer's x or y there, and the next layer's call takes the same bytes back.
+  Tensor spare(std::vector<std::byte>& buf, DType dt, int64_t rows) const {
+    const size_t bytes = size_t(rows) * size_t(cfg.hidden) * dtype_size(dt);
+    if (buf.size() < bytes) buf.resize(bytes);
+    return Tensor::borrow(buf.data(), dt, {rows, cfg.hidden});
+  }
+
   Tensor dispatch_input(int64_t num_tokens) {
     DI_CHECK(num_tokens >= 0 && num_tokens <= cfg.num_max_tokens_per_rank,
              "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{}", rank, world, num_tokens,
@@ -513,7 +522,7 @@ struct EPBuffer::Impl {
     const size_t room = t * sizes.ag_record.x_bytes + t * sizes.ag_record.scale_bytes + t * k * 12 + t * size_t(world) * 8 + 5 * 64;
     if (algo == EpAlgo::a2a && group.peer_memory() == PeerMemory::window && t != 0)
       if (std::byte* at = group.expose_staging(room)) return Tensor::borrow(at, dt, {num_tokens, cfg.hidden});
-    return Tensor::empty(dt, {num_tokens, cfg.hidden});
+    return spare(x_spare, dt, num_tokens);
   }
 
   Tensor combine_input(const Handle& handle) {
@@ -526,7 +535,7 @@ struct EPBuffer::Impl {
     if (reads_peer_y(h))
       if (std::byte* at = group.expose_staging(room))
         return Tensor::borrow(at, DType::bf16, {rows, cfg.hidden});
-    return Tensor::empty(DType::bf16, {rows, cfg.hidden});
+    return spare(y_spare, DType::bf16, rows);
   }
 
   CombineOutput combine(const Tensor& y, const Handle& handle) {

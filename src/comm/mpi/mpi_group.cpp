@@ -14,6 +14,12 @@
 namespace deepinfer::comm {
 namespace {
 
+void free_win(MPI_Win& w) {
+  if (w == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(w);
+  MPI_Win_free(&w);  // collective: every rank frees (grows) the window at the same call
+}
+
 std::atomic<size_t> g_count_limit{kMpiMaxCount};
 size_t count_limit() { return g_count_limit.load(std::memory_order_relaxed); }
 
@@ -169,9 +175,7 @@ MpiGroup::~MpiGroup() {
 }
 
 void MpiGroup::free_window() {
-  if (window_ == MPI_WIN_NULL) return;
-  MPI_Win_unlock_all(window_);
-  MPI_Win_free(&window_);  // collective: every rank frees (grows) the window at the same call
+  free_win(window_);
   window_bytes_ = 0;
 }
 
@@ -216,10 +220,7 @@ void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::
   std::byte* own = window_at_[size_t(rank_)];
   for (size_t i = 0, off = 0; i < n; off += aligned(regions[i].size()), ++i)
     if (!regions[i].empty() && regions[i].data() != own + off) std::memcpy(own + off, regions[i].data(), regions[i].size());
-  if (old != MPI_WIN_NULL) {
-    MPI_Win_unlock_all(old);
-    MPI_Win_free(&old);
-  }
+  free_win(old);
   // Stores before the barrier are visible to the peers' loads after it (MPI-3 separate/unified
   // shared-memory model: sync, barrier, sync).
   MPI_Win_sync(window_);
