@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace deepinfer::ep::rows {
 
@@ -21,6 +22,13 @@ void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n, boo
 // s[c] = bf16(((0 + p_0) + p_1) + ...) in f32, written as bf16 bits.
 void sum_of_partials(const float* w, const uint16_t* const* y, const int* group_end, int groups, size_t n,
                      uint16_t* out_bits);
+// sum_of_partials' versions this CPU runs, the one it uses last (for tests, which check each).
+using SumOfPartialsFn = void (*)(const float*, const uint16_t* const*, const int*, int, size_t, uint16_t*);
+struct SumOfPartialsVersion {
+  const char* name;
+  SumOfPartialsFn fn;
+};
+std::vector<SumOfPartialsVersion> sum_of_partials_versions();
 // dst[c] = canon(w · y[c])  (-0 -> +0)
 void scale_bf16(float w, const uint16_t* y, float* dst, size_t n);
 // acc[c] += src[c]
