@@ -88,6 +88,7 @@ struct EPBuffer::Impl {
   std::vector<std::byte> send_buf, recv_buf, recv_x, comb_send, comb_recv;
   std::vector<std::byte> x_spare, y_spare;  // dispatch_input / combine_input outside a shared window
   std::vector<float> red_send, red_recv, acc;
+  std::vector<uint8_t> filled;  // ag combine: which rows of a chunk hold a received row
   std::vector<int> part_count, group_count, group_end;
   std::vector<float> slot_w;
   std::vector<const uint16_t*> part_ptr;
@@ -567,25 +568,30 @@ struct EPBuffer::Impl {
     const int64_t* own_idx = h.topk_idx.data<int64_t>();
     uint16_t* ox = out.x.data<uint16_t>();
     float* ow = out.topk_weights.data<float>();
+    // Writes every float of the chunk, each once: the received rows in full (zeros for the slots
+    // of other ranks' experts), then zeros for the rows this rank has nothing for.
     auto fill = [&](int64_t begin, int64_t end, float* send) {
       const int64_t span = end - begin;
+      filled.assign(size_t(world) * size_t(span), 0);
       for (int64_t i = 0; i < h.num_recv; ++i) {
         const int64_t t = h.recv_src_token[size_t(i)];
         if (t < begin || t >= end) continue;
-        float* base = send + (size_t(h.recv_src_rank[size_t(i)]) * size_t(span) + size_t(t - begin)) * cols;
-        if (exact) {
-          for (int j = 0; j < k; ++j) {
-            if (h.recv_local_idx[size_t(i * k + j)] < 0) continue;
+        const size_t at = size_t(h.recv_src_rank[size_t(i)]) * size_t(span) + size_t(t - begin);
+        filled[at] = 1;
+        float* base = send + at * cols;
+        for (int j = 0; j < k; ++j) {
+          const bool local = h.recv_local_idx[size_t(i * k + j)] >= 0;
+          if (exact && local)
             ep::rows::scale_bf16(h.recv_weights[size_t(i * k + j)], y_row(h, y, i, j),
                                  base + size_t(j) * size_t(hd), size_t(hd));
-          }
-        } else {
-          local_partial(h, y, i, nullptr, base);
+          else if (exact)
+            std::fill_n(base + size_t(j) * size_t(hd), hd, 0.0f);
+          base[cols - size_t(k) + size_t(j)] = local ? canon(h.recv_weights[size_t(i * k + j)]) : 0.0f;
         }
-        for (int j = 0; j < k; ++j)
-          if (h.recv_local_idx[size_t(i * k + j)] >= 0)
-            base[cols - size_t(k) + size_t(j)] = canon(h.recv_weights[size_t(i * k + j)]);
+        if (!exact) local_partial(h, y, i, nullptr, base);
       }
+      for (size_t at = 0; at < filled.size(); ++at)
+        if (!filled[at]) std::fill_n(send + at * cols, cols, 0.0f);
     };
     if (acc.size() < size_t(hd)) acc.resize(size_t(hd));
     auto consume = [&](int64_t begin, int64_t end, const float* own) {

@@ -41,7 +41,6 @@ void reduce(Group& group, const ReduceParams& p, const FillFn& fill, const Consu
     const int64_t end = std::min<int64_t>(p.rows, begin + int64_t(p.chunk_rows));
     const size_t block = size_t(end - begin) * p.cols;  // floats per rank
     if (send_buf.size() < w * block) send_buf.resize(w * block);
-    std::fill_n(send_buf.begin(), w * block, 0.0f);
     fill(begin, end, send_buf.data());
     if (p.reduce == EpReduce::rs) {
       if (recv_buf.size() < block) recv_buf.resize(block);

@@ -29,8 +29,9 @@ struct ReduceParams {
   size_t cols = 0;         // floats per row
   size_t chunk_rows = 1;   // rows per rank per collective
 };
-// fill(begin, end, send): write rows [begin, end) of every rank's block into send [W, end-begin, cols]
-// (zeroed beforehand). consume(begin, end, own): this rank's summed rows [end-begin, cols].
+// fill(begin, end, send): write rows [begin, end) of every rank's block into send [W, end-begin, cols],
+// every float of it (zeros where the rank has nothing: send holds the previous chunk's bytes).
+// consume(begin, end, own): this rank's summed rows [end-begin, cols].
 using FillFn = std::function<void(int64_t, int64_t, float*)>;
 using ConsumeFn = std::function<void(int64_t, int64_t, const float*)>;
 void reduce(Group& group, const ReduceParams& p, const FillFn& fill, const ConsumeFn& consume,
