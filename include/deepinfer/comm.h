@@ -43,7 +43,8 @@ class Group {
   virtual Capabilities capabilities() const = 0;
 
   // Non-reducing ops move bytes; `dtype` only says how many bytes an element has (and lets
-  // fault injection model type-dependent bugs). recv holds size() blocks of `count` elements.
+  // fault injection model type-dependent bugs). recv holds size() blocks of `count` elements;
+  // all_gather's send may be recv's block of this rank (in place: that block is not copied).
   virtual void all_gather(const void* send, void* recv, size_t count, DType dtype) = 0;
   // recv_counts[r] elements from rank r, packed back to back in rank order.
   virtual void all_gather_v(const void* send, size_t send_count, void* recv,

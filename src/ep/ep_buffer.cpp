@@ -137,20 +137,21 @@ struct EPBuffer::Impl {
     }
   }
 
-  // ag: pack [R, rec], gather, and list the received rows.
+  // ag: pack [R, rec] into this rank's block of the gather buffer, gather in place (the block
+  // is not copied again), and list the received rows.
   void ag_exchange(const HandleData& h, const PackSource& src, bool cached, std::vector<RowRef>& rows) {
     const RecordLayout& rl = sizes.ag_record;
     const int64_t r_rows = h.ag_rows;
     const int k = cfg.num_topk, p = cfg.scale_cols();
-    if (send_buf.size() < size_t(r_rows) * rl.bytes) send_buf.resize(size_t(r_rows) * rl.bytes);
     if (recv_buf.size() < size_t(world) * size_t(r_rows) * rl.bytes)
       recv_buf.resize(size_t(world) * size_t(r_rows) * rl.bytes);
+    std::byte* own = recv_buf.data() + size_t(rank) * size_t(r_rows) * rl.bytes;
     for (int64_t t = 0; t < r_rows; ++t) {
-      std::byte* dst = send_buf.data() + size_t(t) * rl.bytes;
+      std::byte* dst = own + size_t(t) * rl.bytes;
       if (t < h.num_tokens) pack_record(rl, src, p, k, t, dst, false);
       else pack_padding(rl, k, dst);
     }
-    ep::ag::gather(group, send_buf.data(), r_rows, rl.bytes, recv_buf.data(), stats);
+    ep::ag::gather(group, own, r_rows, rl.bytes, recv_buf.data(), stats);
     rows.clear();
     if (cached) {
       for (size_t i = 0; i < h.recv_src_rank.size(); ++i) {

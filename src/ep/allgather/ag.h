@@ -15,7 +15,7 @@
 
 namespace deepinfer::ep::ag {
 
-// Collective: send [R, rec] -> recv [W·R, rec] in rank order.
+// Collective: send [R, rec] -> recv [W·R, rec] in rank order; send may be this rank's block of recv.
 void gather(Group& group, const std::byte* send, int64_t rows, size_t rec_bytes, std::byte* recv,
             EpCallStats& stats);
 
