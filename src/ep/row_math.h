@@ -1,6 +1,7 @@
 // Row arithmetic of combine: element-wise, in the order DESIGN §4 pins. Each function is built
 // for several CPUs (function multiversioning) so the loops vectorise; products and sums stay
 // separate operations (no FMA contraction in ep/), so every version gives the scalar bits.
+// sum_of_partials has one more version, for AVX512-BF16 (its rounding instruction).
 #pragma once
 
 #include <cstddef>

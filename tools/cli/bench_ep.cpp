@@ -1,7 +1,7 @@
 // `deepinfer bench ep`: EPBuffer dispatch and combine at a DeepSeek-V3-like shape (H=7168, K=8,
 // E=256, 512 tokens/rank, fp8 dispatch, bf16 combine) for each algorithm, as JSON lines (issue 3
 // contract). The limit is a raw all_to_all_v moving the same bytes in the same run (MPI_Alltoallv
-// under mpi, the Group's all_to_all_v on local); ag is compared with that time scaled by its byte
+// under mpi, the Group's all_to_all_v on local), each raw call right after an EP call; ag is compared with that time scaled by its byte
 // ratio (bytes ag moves / bytes a2a moves; per rank the larger of sent and received, so the fp32
 // reduce_scatter counts the W blocks it sends). Results are checked against the host reference.
 #include <deepinfer/comm.h>
@@ -75,19 +75,31 @@ ep::ref::RankInput bench_input(const EPConfig& cfg, int rank) {
   return in;
 }
 
-// Median over ranks-max of fn's wall time.
-double time_median(Group& g, int warmup, int iters, const std::function<void()>& fn) {
-  std::vector<double> ts;
-  for (int i = 0; i < warmup + iters; ++i) {
+struct Medians {
+  double ep = 0, raw = 0;  // seconds
+};
+// Medians over ranks-max of the wall times of ep and raw (when given), called in turn, so that
+// both see the same moments of this shared machine: a stall of a few seconds moves both.
+Medians time_medians(Group& g, int warmup, int iters, const std::function<void()>& ep,
+                     const std::function<void()>& raw = {}) {
+  std::vector<double> t_ep, t_raw;
+  auto timed = [&g](const std::function<void()>& fn) {
     g.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     g.all_reduce(&dt, 1, DType::f64, ReduceOp::max);
-    if (i >= warmup) ts.push_back(dt);
+    return dt;
+  };
+  for (int i = 0; i < warmup + iters; ++i) {
+    const double a = timed(ep), b = raw ? timed(raw) : 0.0;
+    if (i >= warmup) t_ep.push_back(a), t_raw.push_back(b);
   }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(t_ep), median(t_raw)};
 }
 
 void emit(const std::string& bench_case, double seconds, double bytes, int world, const std::string& limit,
@@ -155,7 +167,7 @@ int run_bench(const BenchEpCli& o) {
     const std::string where = fmt::format("{} W={} T={} H={} K={} E={} fp8 dispatch, {} bf16 combine", g.backend(), w,
                                           o.tokens, o.hidden, o.topk, o.experts, o.combine);
     const std::string limit = lo.comm == CommKind::mpi ? "raw MPI_Alltoallv" : "raw Group all_to_all_v";
-    double a2a_dispatch_bytes = 0, a2a_combine_bytes = 0, raw_dispatch_s = 0, raw_combine_s = 0;
+    double a2a_dispatch_bytes = 0, a2a_combine_bytes = 0;
     std::vector<uint16_t> first_combine;
     int local_fail = 0;
     for (EpAlgo algo : algos) {
@@ -165,8 +177,23 @@ int run_bench(const BenchEpCli& o) {
       // window (mpi's direct lowering), and x and y are then written where dispatch and combine
       // read them (dispatch_input, combine_input), so neither copies them in.
       DispatchInput d_in = di;
+      // The raw all_to_all_v moves exactly the bytes a2a moves: a record per (token, destination
+      // rank) out, the fast combine's [weights | partial] record per received row back.
+      const size_t rec = ep::record_layout(cfg, true).bytes;
+      const size_t crec = cfg.combine == CombineMode::fast
+                              ? ep::align_up(size_t(cfg.num_topk) * 4 + size_t(cfg.hidden) * 2, ep::kRecordAlign)
+                              : 0;
+      const size_t nw = static_cast<size_t>(w);
+      std::vector<size_t> sc(nw), rc(nw), csc(nw), crc(nw);
       {
         const DispatchOutput first = buf.dispatch(d_in);
+        const Layout lay = buf.layout(di.topk_idx);
+        for (int r = 0; r < w; ++r) {
+          const size_t sent = size_t(lay.num_tokens_per_rank[size_t(r)]);
+          const size_t got = size_t(first.num_recv_tokens_per_rank[size_t(r)]);
+          sc[size_t(r)] = sent * rec, rc[size_t(r)] = got * rec;
+          csc[size_t(r)] = got * crec, crc[size_t(r)] = sent * crec;
+        }
         Tensor y0 = buf.combine_input(first.handle);
         std::memset(y0.raw(), 0, y0.nbytes());
         buf.combine(y0, first.handle);
@@ -177,10 +204,13 @@ int run_bench(const BenchEpCli& o) {
       DispatchOutput out;
       // Each call's outputs are dropped before the next, as a serving loop drops a layer's
       // (the storage cache then hands the same blocks back, like the raw run's reused buffers).
-      const double t_dispatch = time_median(g, o.warmup, o.iters, [&] {
-        out = {};
-        out = buf.dispatch(d_in);
-      });
+      const Medians dispatch_t = time_medians(
+          g, o.warmup, o.iters,
+          [&] {
+            out = {};
+            out = buf.dispatch(d_in);
+          },
+          [&] { raw.run(sc, rc); });
       // Bytes a rank moves: the larger of what it sends and receives (a reduce_scatter sends W
       // blocks and receives one; an all_gather the reverse), max over ranks.
       auto moved = [](const EpCallStats& st) { return double(std::max(st.bytes_sent, st.bytes_recv)); };
@@ -196,10 +226,14 @@ int run_bench(const BenchEpCli& o) {
           y.data<uint16_t>()[i * cfg.hidden + c] = ep::ref::y_value(3, (gid / m) * m + gid % m, cfg.num_experts + me, int(c));
       }
       CombineOutput comb;
-      const double t_combine = time_median(g, o.warmup, o.iters, [&] {
-        comb = {};
-        comb = buf.combine(y, out.handle);
-      });
+      const Medians combine_t = time_medians(
+          g, o.warmup, o.iters,
+          [&] {
+            comb = {};
+            comb = buf.combine(y, out.handle);
+          },
+          crec ? std::function<void()>([&] { raw.run(csc, crc); }) : std::function<void()>());
+      const double t_dispatch = dispatch_t.ep, t_combine = combine_t.ep;
       double c_bytes = moved(buf.last_stats());
       const std::string c_lowering = buf.last_stats().lowering;
       g.all_reduce(&c_bytes, 1, DType::f64, ReduceOp::max);
@@ -236,26 +270,8 @@ int run_bench(const BenchEpCli& o) {
                       (long long)diff[1], (long long)diff[2]);
       }
 
+      const double raw_dispatch_s = dispatch_t.raw, raw_combine_s = combine_t.raw;
       if (algo == EpAlgo::a2a) {
-        // Raw all_to_all_v of exactly the bytes each a2a step moved, same counts.
-        const Layout lay = buf.layout(di.topk_idx);
-        const size_t rec = ep::record_layout(cfg, true).bytes;
-        std::vector<size_t> sc(static_cast<size_t>(w)), rc(static_cast<size_t>(w));
-        for (int r = 0; r < w; ++r) {
-          sc[size_t(r)] = size_t(lay.num_tokens_per_rank[size_t(r)]) * rec;
-          rc[size_t(r)] = size_t(out.num_recv_tokens_per_rank[size_t(r)]) * rec;
-        }
-        raw_dispatch_s = time_median(g, o.warmup, o.iters, [&] { raw.run(sc, rc); });
-        const size_t crec = cfg.combine == CombineMode::fast
-                                ? ep::align_up(size_t(cfg.num_topk) * 4 + size_t(cfg.hidden) * 2, ep::kRecordAlign)
-                                : 0;
-        if (crec) {
-          for (int r = 0; r < w; ++r) {
-            sc[size_t(r)] = size_t(out.num_recv_tokens_per_rank[size_t(r)]) * crec;
-            rc[size_t(r)] = size_t(lay.num_tokens_per_rank[size_t(r)]) * crec;
-          }
-          raw_combine_s = time_median(g, o.warmup, o.iters, [&] { raw.run(sc, rc); });
-        }
         a2a_dispatch_bytes = d_bytes;
         a2a_combine_bytes = c_bytes;
         if (me == 0) {
@@ -265,14 +281,14 @@ int run_bench(const BenchEpCli& o) {
         }
       } else if (me == 0) {
         // ag is allowed its analytic byte count: the raw a2a time scaled by ag bytes / a2a bytes.
-        if (raw_dispatch_s > 0) {
+        if (a2a_dispatch_bytes > 0) {
           const double scale = d_bytes / a2a_dispatch_bytes;
           emit(fmt::format("dispatch ag (bytes {:.2f}x a2a) {}", scale, where), t_dispatch, d_bytes, w,
                limit + " x ag/a2a bytes", raw_dispatch_s * scale);
         } else {
           emit(fmt::format("dispatch ag {}", where), t_dispatch, d_bytes, w, "none (run with --algo all)", t_dispatch);
         }
-        if (raw_combine_s > 0) {
+        if (raw_combine_s > 0 && a2a_combine_bytes > 0) {
           const double scale = c_bytes / a2a_combine_bytes;
           emit(fmt::format("combine ag (bytes {:.2f}x a2a) {}", scale, where), t_combine, c_bytes, w,
                limit + " x ag/a2a bytes", raw_combine_s * scale);
