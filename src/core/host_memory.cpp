@@ -18,7 +18,10 @@
 namespace deepinfer::detail {
 namespace {
 
-constexpr size_t kCacheFrom = size_t(256) << 10;  // smaller blocks stay with malloc's own bins
+// Smaller blocks stay with malloc's own bins. Not much larger: malloc hands a freed block of a
+// few hundred KiB to smaller requests and serves the next one from fresh pages at the top of its
+// heap (the fp8 dispatch's 224 KiB scales took 55 faults, 0.7 ms, in one call of three at first).
+constexpr size_t kCacheFrom = size_t(64) << 10;
 constexpr size_t kCacheLimit = size_t(4) << 30;   // bytes kept idle at most; beyond, blocks are freed
 
 // Rounds up to a size class: 4 classes per power of two (at most 25% slack), 64-byte multiple.

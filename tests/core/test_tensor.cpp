@@ -191,6 +191,19 @@ TEST(TensorStorage, LargeBlocksAreReusedNotShared) {
   EXPECT_EQ(std::count(zp, zp + z.numel(), 0.0f), z.numel());
 }
 
+// Mid-size storage (here 224 KiB, an fp8 dispatch's scales for 1024 rows) is cached as well:
+// malloc would serve it from fresh pages again and again until its bins settle.
+TEST(TensorStorage, MidSizeBlocksAreCachedToo) {
+  const std::vector<int64_t> shape{1024, 56};  // f32
+  Tensor a = Tensor::empty(DType::f32, shape);
+  const void* at = a.raw();
+  const size_t idle_live = detail::host_alloc_idle_bytes();
+  a = Tensor();
+  EXPECT_GE(detail::host_alloc_idle_bytes(), idle_live + size_t(1024 * 56 * 4)) << "the freed block was not kept";
+  Tensor again = Tensor::empty(DType::f32, shape);
+  EXPECT_EQ(again.raw(), at);
+}
+
 // A thread gets back the block it freed itself before one another thread freed later: its own is
 // still in its core's caches (local rank threads each reuse their own output blocks). A thread
 // with no block of its own takes the most recently freed one.
