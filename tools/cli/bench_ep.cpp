@@ -1,9 +1,10 @@
 // `deepinfer bench ep`: EPBuffer dispatch and combine at a DeepSeek-V3-like shape (H=7168, K=8,
 // E=256, 512 tokens/rank, fp8 dispatch, bf16 combine) for each algorithm, as JSON lines (issue 3
 // contract). The limit is a raw all_to_all_v moving the same bytes in the same run (MPI_Alltoallv
-// under mpi, the Group's all_to_all_v on local), each raw call right after an EP call; ag is compared with that time scaled by its byte
-// ratio (bytes ag moves / bytes a2a moves; per rank the larger of sent and received, so the fp32
-// reduce_scatter counts the W blocks it sends). Results are checked against the host reference.
+// under mpi, the Group's all_to_all_v on local), each raw call right after an EP call; ag is
+// compared with that time scaled by its byte ratio (bytes ag moves / bytes a2a moves; per rank
+// the larger of sent and received, so the fp32 reduce_scatter counts the W blocks it sends).
+// Results are checked against the host reference.
 #include <deepinfer/comm.h>
 #include <deepinfer/ep.h>
 #include <mpi.h>
@@ -202,6 +203,12 @@ int run_bench(const BenchEpCli& o) {
       std::memcpy(x_in.raw(), di.x.raw(), x_in.nbytes());
       d_in.x = x_in;
       DispatchOutput out;
+      // ag is compared with the raw a2a bytes scaled, so only after an a2a pass measured them.
+      const bool compare = algo == EpAlgo::a2a || a2a_dispatch_bytes > 0;
+      auto raw_call = [&](const std::vector<size_t>& s_counts, const std::vector<size_t>& r_counts) {
+        return compare ? std::function<void()>([&, s_counts, r_counts] { raw.run(s_counts, r_counts); })
+                       : std::function<void()>();
+      };
       // Each call's outputs are dropped before the next, as a serving loop drops a layer's
       // (the storage cache then hands the same blocks back, like the raw run's reused buffers).
       const Medians dispatch_t = time_medians(
@@ -210,7 +217,7 @@ int run_bench(const BenchEpCli& o) {
             out = {};
             out = buf.dispatch(d_in);
           },
-          [&] { raw.run(sc, rc); });
+          raw_call(sc, rc));
       // Bytes a rank moves: the larger of what it sends and receives (a reduce_scatter sends W
       // blocks and receives one; an all_gather the reverse), max over ranks.
       auto moved = [](const EpCallStats& st) { return double(std::max(st.bytes_sent, st.bytes_recv)); };
@@ -232,7 +239,7 @@ int run_bench(const BenchEpCli& o) {
             comb = {};
             comb = buf.combine(y, out.handle);
           },
-          crec ? std::function<void()>([&] { raw.run(csc, crc); }) : std::function<void()>());
+          crec ? raw_call(csc, crc) : std::function<void()>());
       const double t_dispatch = dispatch_t.ep, t_combine = combine_t.ep;
       double c_bytes = moved(buf.last_stats());
       const std::string c_lowering = buf.last_stats().lowering;
@@ -281,14 +288,14 @@ int run_bench(const BenchEpCli& o) {
         }
       } else if (me == 0) {
         // ag is allowed its analytic byte count: the raw a2a time scaled by ag bytes / a2a bytes.
-        if (a2a_dispatch_bytes > 0) {
+        if (compare) {
           const double scale = d_bytes / a2a_dispatch_bytes;
           emit(fmt::format("dispatch ag (bytes {:.2f}x a2a) {}", scale, where), t_dispatch, d_bytes, w,
                limit + " x ag/a2a bytes", raw_dispatch_s * scale);
         } else {
           emit(fmt::format("dispatch ag {}", where), t_dispatch, d_bytes, w, "none (run with --algo all)", t_dispatch);
         }
-        if (raw_combine_s > 0 && a2a_combine_bytes > 0) {
+        if (compare && raw_combine_s > 0) {
           const double scale = c_bytes / a2a_combine_bytes;
           emit(fmt::format("combine ag (bytes {:.2f}x a2a) {}", scale, where), t_combine, c_bytes, w,
                limit + " x ag/a2a bytes", raw_combine_s * scale);
