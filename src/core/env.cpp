@@ -36,7 +36,7 @@ constexpr std::array<KnobDoc, 15> kKnobDocs{{
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that decode and prefill GEMMs read"},
-    {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
+    {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel (and EP combine) threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
     {"DEEPINFER_PIN_RANKS", "on, off", "on",
      "local: each rank thread (and its kernel pool) runs on its own share of the CPUs the process may use, where there are at least as many CPUs as ranks; off: the OS places them (for CPUs shared with other busy processes)"},
     {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",

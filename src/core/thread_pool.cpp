@@ -21,6 +21,7 @@ namespace {
 // Set while this thread executes a parallel_for body (as caller or worker): nested calls
 // run inline instead of waiting for a pool that is busy with their parent.
 thread_local int t_depth = 0;
+thread_local ThreadPool* t_scoped = nullptr;  // scoped_pool()
 // Chunks per thread: a little oversubscription evens out uneven chunk costs.
 constexpr int64_t kChunksPerThread = 4;
 // Idle workers (and a caller waiting for them) poll this long before sleeping on the condition
@@ -190,6 +191,10 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   }
   if (error) std::rethrow_exception(error);
 }
+
+ThreadPool* scoped_pool() { return t_scoped; }
+ScopedThreadPool::ScopedThreadPool(ThreadPool& pool) : saved_(t_scoped) { t_scoped = &pool; }
+ScopedThreadPool::~ScopedThreadPool() { t_scoped = saved_; }
 
 ThreadPool& global_pool() {
   static ThreadPool pool(knobs().threads);

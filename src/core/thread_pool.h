@@ -28,4 +28,20 @@ class ThreadPool {
 // share it (work from different ranks is serialised per call, never deadlocked).
 ThreadPool& global_pool();
 
+// The pool of this thread's rank: the innermost ScopedThreadPool on this thread, else nullptr.
+// Work that may run on several rank threads at once uses it, never global_pool(), which would
+// serialise the ranks.
+ThreadPool* scoped_pool();
+
+class ScopedThreadPool {
+ public:
+  explicit ScopedThreadPool(ThreadPool& pool);
+  ~ScopedThreadPool();
+  ScopedThreadPool(const ScopedThreadPool&) = delete;
+  ScopedThreadPool& operator=(const ScopedThreadPool&) = delete;
+
+ private:
+  ThreadPool* saved_;
+};
+
 }  // namespace deepinfer

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "ep/allgather/ag.h"
 #include "ep/alltoall/a2a.h"
 #include "ep/handle.h"
@@ -664,20 +665,28 @@ struct EPBuffer::Impl {
       }
     }
     uint16_t* ox = out.x.data<uint16_t>();
-    std::array<float, 64> w;
-    std::array<const uint16_t*, 64> ys;
-    for (int64_t t = 0; t < h.num_tokens; ++t) {
-      const uint16_t* const* rows = part_ptr.data() + t * k;
-      if (!exact) {
-        ep::rows::sum_of_partials(slot_w.data() + t * k, rows, group_end.data() + t * k, group_count[size_t(t)], hd,
-                                  ox + size_t(t) * hd);
-        continue;
+    auto sum_tokens = [&](int64_t t_begin, int64_t t_end) {
+      std::array<float, 64> w;
+      std::array<const uint16_t*, 64> ys;
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const uint16_t* const* rows = part_ptr.data() + t * k;
+        if (!exact) {
+          ep::rows::sum_of_partials(slot_w.data() + t * k, rows, group_end.data() + t * k, group_count[size_t(t)],
+                                    hd, ox + size_t(t) * hd);
+          continue;
+        }
+        int m = 0;  // masked slots and slots of a token that reached no expert drop out
+        for (int j = 0; j < k; ++j)
+          if (rows[j]) w[size_t(m)] = slot_w[size_t(t * k + j)], ys[size_t(m++)] = rows[j];
+        ep::rows::weighted_sum(w.data(), ys.data(), m, hd, false, ox + size_t(t) * hd, nullptr);
       }
-      int m = 0;  // masked slots and slots of a token that reached no expert drop out
-      for (int j = 0; j < k; ++j)
-        if (rows[j]) w[size_t(m)] = slot_w[size_t(t * k + j)], ys[size_t(m++)] = rows[j];
-      ep::rows::weighted_sum(w.data(), ys.data(), m, hd, false, ox + size_t(t) * hd, nullptr);
-    }
+    };
+    // Tokens are independent: a rank with a pool of its own (several CPUs) splits them, in
+    // pieces of at least 256K columns so a small call stays on this thread.
+    if (ThreadPool* pool = scoped_pool())
+      pool->parallel_for(h.num_tokens, std::max<int64_t>(1, (int64_t(1) << 18) / int64_t(hd)), sum_tokens);
+    else
+      sum_tokens(0, h.num_tokens);
     group.barrier();
     stats.collectives += 2;
     stats.lowering = "direct";

@@ -7,7 +7,6 @@ namespace deepinfer::kernels {
 
 namespace {
 thread_local int t_backend_override = -1;
-thread_local ThreadPool* t_pool = nullptr;
 
 struct CallCounter {
   const char* op;  // OpSpec::name: static storage, compared by pointer first
@@ -50,9 +49,10 @@ KernelBackend current_backend() {
 ScopedBackend::ScopedBackend(KernelBackend b) : saved_(t_backend_override) { t_backend_override = int(b); }
 ScopedBackend::~ScopedBackend() { t_backend_override = saved_; }
 
-ThreadPool& kernel_pool() { return t_pool ? *t_pool : global_pool(); }
-ScopedThreadPool::ScopedThreadPool(ThreadPool& pool) : saved_(t_pool) { t_pool = &pool; }
-ScopedThreadPool::~ScopedThreadPool() { t_pool = saved_; }
+ThreadPool& kernel_pool() {
+  ThreadPool* pool = scoped_pool();
+  return pool ? *pool : global_pool();
+}
 
 uint64_t next_call_index(const char* op) {
   for (auto& c : t_counters)

@@ -54,19 +54,10 @@ class ScopedBackend {
   int saved_;  // -1 = no override
 };
 
-// The pool cpu kernels run on: the innermost ScopedThreadPool on this thread, else global_pool().
+// The pool cpu kernels run on: scoped_pool() (the innermost ScopedThreadPool on this thread),
+// else global_pool().
 ThreadPool& kernel_pool();
-
-class ScopedThreadPool {
- public:
-  explicit ScopedThreadPool(ThreadPool& pool);
-  ~ScopedThreadPool();
-  ScopedThreadPool(const ScopedThreadPool&) = delete;
-  ScopedThreadPool& operator=(const ScopedThreadPool&) = delete;
-
- private:
-  ThreadPool* saved_;
-};
+using deepinfer::ScopedThreadPool;
 
 // ---- per-op description --------------------------------------------------------------------------
 

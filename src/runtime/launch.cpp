@@ -42,6 +42,14 @@ int kernel_threads_per_rank(Group& group, CommKind comm) {
   return knob > 0 ? knob : std::max(1, hw / here);
 }
 
+void run_ranks_with_pools(const LaunchOptions& lo, const std::function<void(Group&)>& fn) {
+  run_ranks(lo, [&](Group& group) {
+    ThreadPool pool(kernel_threads_per_rank(group, lo.comm));
+    ScopedThreadPool use_pool(pool);
+    fn(group);
+  });
+}
+
 void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(RankContext&)>& fn) {
   DI_CHECK(opts.ep >= 1, "--ep must be >= 1, got {}", opts.ep);
   const model::ModelConfig cfg = model::load_config(opts.model_dir);
@@ -49,9 +57,7 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
   LaunchOptions lo;
   lo.comm = opts.comm;
   lo.world = opts.ep;
-  run_ranks(lo, [&](Group& group) {
-    ThreadPool pool(kernel_threads_per_rank(group, opts.comm));
-    kernels::ScopedThreadPool use_pool(pool);
+  run_ranks_with_pools(lo, [&](Group& group) {
     model::LoadOptions ld;
     ld.ep_rank = group.rank();
     ld.ep_size = group.size();

@@ -35,4 +35,8 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
 // Kernel threads for one rank (collective under mpi).
 int kernel_threads_per_rank(Group& group, CommKind comm);
 
+// run_ranks with each rank's own pool installed (ScopedThreadPool, kernel_threads_per_rank
+// threads), which its kernels and EPBuffer's combine split their work over.
+void run_ranks_with_pools(const LaunchOptions& lo, const std::function<void(Group&)>& fn);
+
 }  // namespace deepinfer::runtime

@@ -10,6 +10,7 @@
 #include <functional>
 #include <mutex>
 
+#include "core/thread_pool.h"
 #include "counting_group.h"
 #include "ep/check_ep.h"
 #include "ep/reference.h"
@@ -250,6 +251,23 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
         EXPECT_EQ(calls["expose"], peer_memory ? 3 : 0);
         EXPECT_EQ(calls["barrier"], peer_memory ? 3 : 0);
       }
+}
+
+// A rank with a pool of its own (ScopedThreadPool, as run_ranks_with_pools installs) splits the
+// direct combine's tokens over it (256 tokens of H=4096: pieces of 64): the reference's bits.
+TEST(EpAllToAll, DirectCombineSplitOverTheRanksPoolMatchesReference) {
+  for (CombineMode cm : {CombineMode::exact, CombineMode::fast})
+    run_local(2, [&](Group& g) {
+      ThreadPool pool(3);
+      ScopedThreadPool use_pool(pool);
+      EPConfig cfg = small_config(2);
+      cfg.algo = EpAlgo::a2a;
+      cfg.combine = cm;
+      cfg.hidden = 4096;
+      cfg.num_max_tokens_per_rank = 256;
+      cfg.peer_memory = EpPeerMemory::on;
+      dispatch_combine_vs_reference(g, cfg, 17);
+    });
 }
 
 // A small a2a call (fewer collective rounds win) against a large one (~40 rows per rank: 12.5

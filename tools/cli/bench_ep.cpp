@@ -23,6 +23,7 @@
 #include "core/env.h"
 #include "ep/reference.h"
 #include "ep/sizing.h"
+#include "runtime/launch.h"
 
 namespace deepinfer::cli {
 namespace {
@@ -145,7 +146,7 @@ int run_bench(const BenchEpCli& o) {
   lo.comm = o.comm.empty() ? knobs().comm : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? 4 : 0);
   int failures = 0;
-  run_ranks(lo, [&](Group& g) {
+  runtime::run_ranks_with_pools(lo, [&](Group& g) {
     const int w = g.size(), me = g.rank();
     EPConfig cfg;
     cfg.num_experts = o.experts;

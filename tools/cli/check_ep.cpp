@@ -14,6 +14,7 @@
 #include "command.h"
 #include "core/env.h"
 #include "ep/check_ep.h"
+#include "runtime/launch.h"
 
 namespace deepinfer::cli {
 namespace {
@@ -47,7 +48,7 @@ int run_check_ep_cli(const CheckEpCli& o) {
   if (o.combine != "all") co.combines = {o.combine == "fast" ? CombineMode::fast : CombineMode::exact};
   ep::CheckEpResult res;
   bool printer = false;
-  run_ranks(lo, [&](Group& g) {
+  runtime::run_ranks_with_pools(lo, [&](Group& g) {
     const ep::CheckEpResult r = ep::run_check_ep(g, co);
     if (g.rank() == 0) {
       res = r;
