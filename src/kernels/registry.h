@@ -57,7 +57,6 @@ class ScopedBackend {
 // The pool cpu kernels run on: scoped_pool() (the innermost ScopedThreadPool on this thread),
 // else global_pool().
 ThreadPool& kernel_pool();
-using deepinfer::ScopedThreadPool;
 
 // ---- per-op description --------------------------------------------------------------------------
 

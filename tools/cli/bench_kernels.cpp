@@ -21,7 +21,7 @@ DEEPINFER_COMMAND("bench", "kernels", "Kernel benchmarks vs memcpy bandwidth, FM
     using namespace deepinfer;
     using namespace deepinfer::kernels::testing;
     ThreadPool pool(*threads);
-    kernels::ScopedThreadPool use_pool(pool);
+    ScopedThreadPool use_pool(pool);
     BenchContext ctx;
     ctx.threads = *threads;
     ctx.quick = *quick;
