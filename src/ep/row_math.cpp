@@ -6,12 +6,8 @@
 #include <bit>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
-#define DI_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DI_ROW_CLONES
-#endif
+#include "core/cpu_clones.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define DI_BF16_TARGET __attribute__((target("avx512f,avx512dq,avx512bf16")))
@@ -103,7 +99,7 @@ constexpr size_t kPrefetch = 512;
   }
 }
 
-DI_ROW_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n, bool canon,
+DI_CPU_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n, bool canon,
                                 uint16_t* out_bits, float* out_f32) {
   size_t c = 0;
   for (; c + 64 <= n; c += 64) {  // four independent sums hide the add latency
@@ -214,7 +210,7 @@ template <class Rounding>
 }
 
 namespace {
-DI_ROW_CLONES void sum_of_partials_portable(const float* w, const uint16_t* const* y, const int* group_end, int groups,
+DI_CPU_CLONES void sum_of_partials_portable(const float* w, const uint16_t* const* y, const int* group_end, int groups,
                                             size_t n, uint16_t* out_bits) {
   sum_of_partials_loop<IntegerRounding>(w, y, group_end, groups, n, out_bits);
 }
@@ -242,13 +238,13 @@ void sum_of_partials(const float* w, const uint16_t* const* y, const int* group_
   static const SumOfPartialsFn best = sum_of_partials_versions().back().fn;
   best(w, y, group_end, groups, n, out_bits);
 }
-DI_ROW_CLONES void scale_bf16(float w, const uint16_t* y, float* dst, size_t n) {
+DI_CPU_CLONES void scale_bf16(float w, const uint16_t* y, float* dst, size_t n) {
   for (size_t c = 0; c < n; ++c) dst[c] = canon(w * from_bits(y[c]));
 }
-DI_ROW_CLONES void add_f32(const float* src, float* acc, size_t n) {
+DI_CPU_CLONES void add_f32(const float* src, float* acc, size_t n) {
   for (size_t c = 0; c < n; ++c) acc[c] += src[c];
 }
-DI_ROW_CLONES void to_bf16(const float* src, uint16_t* dst, size_t n) {
+DI_CPU_CLONES void to_bf16(const float* src, uint16_t* dst, size_t n) {
   for (size_t c = 0; c < n; ++c) dst[c] = uint16_t(bf16_bits(src[c]));
 }
 

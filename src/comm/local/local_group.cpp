@@ -7,6 +7,8 @@
 #include <thread>
 #include <type_traits>
 
+#include "core/cpu_clones.h"
+
 namespace deepinfer::comm {
 namespace {
 
@@ -16,17 +18,10 @@ inline void cpu_relax() {
 #endif
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
-#define DI_SUM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DI_SUM_CLONES
-#endif
-
 // dst[i] = ((src[0][i] + src[1][i]) + ...) + src[n-1][i], 64 columns at a time with the sums in
 // registers: one pass over the sources and one store (copying src[0] and folding the others in
 // one by one took 1.35x as long at 8 sources). dst may be one of the sources.
-DI_SUM_CLONES void sum_in_rank_order(const float* const* src, int n, float* dst, size_t count) {
+DI_CPU_CLONES void sum_in_rank_order(const float* const* src, int n, float* dst, size_t count) {
   constexpr size_t kCols = 64;
   size_t c = 0;
   for (; c + kCols <= count; c += kCols) {
