@@ -278,6 +278,60 @@ struct EPBuffer::Impl {
     stats.bytes_recv += bytes;
   }
 
+  // a2a dispatch, push lowering (one address space, non-expand layout): every rank exposes where
+  // its received rows go (x straight into its output x_dst, the rest as meta records) and each
+  // source writes its own rows there, at their place in (source rank, source token) order. A
+  // source then reads each x row once, in order, for all its destinations, where under
+  // a2a_direct_rows every destination reads it again from scattered places; the closing barrier
+  // comes before the unpack, which finds the rows in place and reads only this rank's memory.
+  void a2a_push_rows(const HandleData& h, const PackSource& src, std::byte* x_dst, std::vector<RowRef>& rows) {
+    const RecordLayout& rl = sizes.a2a_meta;
+    const int k = cfg.num_topk, p = cfg.scale_cols();
+    const size_t x_bytes = rl.x_bytes;
+    int64_t n_recv = 0;
+    for (int r = 0; r < world; ++r) n_recv += h.plan.send(r, rank);
+    if (recv_buf.size() < size_t(n_recv) * rl.bytes) recv_buf.resize(size_t(n_recv) * rl.bytes);
+    const std::array<std::span<const std::byte>, 2> regions{std::span<const std::byte>(x_dst, size_t(n_recv) * x_bytes),
+                                                            std::span<const std::byte>(recv_buf.data(), size_t(n_recv) * rl.bytes)};
+    group.expose(regions, exposed);
+    log_once("a2a dispatch lowering = direct (peer memory, sources write)");
+    // Per destination: the next of its send list, and where that row goes in its outputs.
+    std::vector<int64_t> next(static_cast<size_t>(world)), end(static_cast<size_t>(world)), at(static_cast<size_t>(world));
+    for (int d = 0; d < world; ++d) {
+      next[size_t(d)] = h.send_offsets[size_t(d)];
+      end[size_t(d)] = h.send_offsets[size_t(d) + 1];
+      at[size_t(d)] = h.plan.recv_offset(rank, d);
+    }
+    uint64_t sent = 0;
+    for (int64_t t = 0; t < h.num_tokens; ++t)
+      for (int i = 0; i < world; ++i) {
+        const int d = (rank + i) % world;  // staggered, as the other lowerings read their peers
+        const size_t di = size_t(d);
+        if (next[di] == end[di] || h.send_tokens[size_t(next[di])] != t) continue;
+        ++next[di];
+        const size_t row = size_t(at[di]++);
+        auto* peer_x = const_cast<std::byte*>(exposed[di * 2]);
+        auto* peer_meta = const_cast<std::byte*>(exposed[di * 2 + 1]);
+        std::memcpy(peer_x + row * x_bytes, src.x + size_t(t) * x_bytes, x_bytes);
+        pack_record(rl, src, p, k, t, peer_meta + row * rl.bytes, true);
+        sent += x_bytes + rl.bytes;
+      }
+    group.barrier();  // every row has landed; no peer writes here, or reads this rank's x, after it
+    rows.clear();
+    size_t pos = 0;
+    for (int r = 0; r < world; ++r)
+      for (int64_t i = 0; i < h.plan.send(r, rank); ++i, ++pos) {
+        const std::byte* rec = recv_buf.data() + pos * rl.bytes;
+        int64_t t;
+        std::memcpy(&t, rec + rl.off_token, 8);
+        rows.push_back(record_row(rl, int32_t(r), int32_t(t), x_dst + pos * x_bytes, rec));
+      }
+    stats.collectives += 2;  // the expose and the closing barrier
+    stats.lowering = "direct";
+    stats.bytes_sent += sent;
+    stats.bytes_recv += uint64_t(n_recv) * (x_bytes + rl.bytes);
+  }
+
   // The a2a dispatch output x, allocated before the exchange so the rows land in it directly
   // (non-expand layout over all_to_all_v_rows); else undefined.
   Tensor a2a_x_out(const HandleData& h) const {
@@ -456,6 +510,13 @@ struct EPBuffer::Impl {
     // Else the exposed x would be one copy more than the exchange (mpi W=2: 1.06 vs 0.80 ms).
     const bool x_readable = group.peer_memory() == PeerMemory::address_space || (h_fill && h.plan.all_x_in_place);
     if (x_readable && use_direct(h, sizes.ag_record.x_bytes)) {
+      if (group.peer_memory() == PeerMemory::address_space && !cfg.expand) {
+        int64_t n_recv = 0;
+        for (int r = 0; r < world; ++r) n_recv += h.plan.send(r, rank);
+        Tensor x_out = Tensor::empty(cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16, {n_recv, cfg.hidden});
+        a2a_push_rows(h, src, static_cast<std::byte*>(x_out.raw()), rows);
+        return unpack(rows, h_fill, h, std::move(x_out));
+      }
       a2a_direct_rows(h, src, rows);
       DispatchOutput out = unpack(rows, h_fill, h);
       group.barrier();  // the sources' buffers stay put until every rank has read its rows
