@@ -299,13 +299,14 @@ struct EPBuffer::Impl {
   // read in first or pulled back from this core's cache by its reader. The closing barrier comes
   // before the unpack, which finds the rows in place and reads only this rank's memory.
   // local W=8 (155 MB moved): 5.4-6.1 ms against 7.1-8.8 reading; W=2 (7 MB, in cache) is
-  // faster reading: 0.41-0.49 ms against 0.56-0.60.
-  void a2a_push_rows(const HandleData& h, const PackSource& src, std::byte* x_dst, std::vector<RowRef>& rows) {
+  // faster reading: 0.41-0.49 ms against 0.56-0.60. Returns the output x.
+  Tensor a2a_push_rows(const HandleData& h, const PackSource& src, std::vector<RowRef>& rows) {
     const RecordLayout& rl = sizes.a2a_meta;
     const int k = cfg.num_topk, p = cfg.scale_cols();
     const size_t x_bytes = rl.x_bytes;
-    int64_t n_recv = 0;
-    for (int r = 0; r < world; ++r) n_recv += h.plan.send(r, rank);
+    const int64_t n_recv = a2a_recv_rows(h);
+    Tensor x_out = Tensor::empty(x_dtype(), {n_recv, cfg.hidden});
+    auto* x_dst = static_cast<std::byte*>(x_out.raw());
     if (recv_buf.size() < size_t(n_recv) * rl.bytes) recv_buf.resize(size_t(n_recv) * rl.bytes);
     const std::array<std::span<const std::byte>, 2> regions{std::span<const std::byte>(x_dst, size_t(n_recv) * x_bytes),
                                                             std::span<const std::byte>(recv_buf.data(), size_t(n_recv) * rl.bytes)};
@@ -347,15 +348,21 @@ struct EPBuffer::Impl {
     stats.lowering = "direct-push";
     stats.bytes_sent += sent;
     stats.bytes_recv += uint64_t(n_recv) * (x_bytes + rl.bytes);
+    return x_out;
   }
 
+  DType x_dtype() const { return cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16; }
+  // The rows an a2a dispatch brings this rank: its column of the split matrix.
+  int64_t a2a_recv_rows(const HandleData& h) const {
+    int64_t n = 0;
+    for (int r = 0; r < world; ++r) n += h.plan.send(r, rank);
+    return n;
+  }
   // The a2a dispatch output x, allocated before the exchange so the rows land in it directly
   // (non-expand layout over all_to_all_v_rows); else undefined.
   Tensor a2a_x_out(const HandleData& h) const {
     if (cfg.expand || !rows_apart(h)) return {};
-    int64_t n_recv = 0;
-    for (int r = 0; r < world; ++r) n_recv += h.plan.send(r, rank);
-    return Tensor::empty(cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16, {n_recv, cfg.hidden});
+    return Tensor::empty(x_dtype(), {a2a_recv_rows(h), cfg.hidden});
   }
 
   // The common unpack: received records -> DeepEP's outputs. fill_handle: record the receive
@@ -367,7 +374,7 @@ struct EPBuffer::Impl {
     const int64_t n = int64_t(rows.size());
     const int64_t lo = int64_t(rank) * local_experts;
     const bool fp8 = cfg.dispatch_dtype == DispatchDType::fp8;
-    const DType xdt = fp8 ? DType::e4m3 : DType::bf16;
+    const DType xdt = x_dtype();
     const int64_t m = cfg.num_max_tokens_per_rank;
 
     std::vector<int32_t> local_idx(size_t(n) * size_t(k));
@@ -528,10 +535,7 @@ struct EPBuffer::Impl {
     const bool x_readable = group.peer_memory() == PeerMemory::address_space || (h_fill && h.plan.all_x_in_place);
     if (x_readable && use_direct(h, sizes.ag_record.x_bytes)) {
       if (sources_write(h)) {
-        int64_t n_recv = 0;
-        for (int r = 0; r < world; ++r) n_recv += h.plan.send(r, rank);
-        Tensor x_out = Tensor::empty(cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16, {n_recv, cfg.hidden});
-        a2a_push_rows(h, src, static_cast<std::byte*>(x_out.raw()), rows);
+        Tensor x_out = a2a_push_rows(h, src, rows);
         return unpack(rows, h_fill, h, std::move(x_out));
       }
       a2a_direct_rows(h, src, rows);
@@ -596,7 +600,7 @@ struct EPBuffer::Impl {
     DI_CHECK(num_tokens >= 0 && num_tokens <= cfg.num_max_tokens_per_rank,
              "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{}", rank, world, num_tokens,
              cfg.num_max_tokens_per_rank);
-    const DType dt = cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16;
+    const DType dt = x_dtype();
     // Room for every region a2a_direct_rows exposes (the send list at most T·W ids), so that
     // expose never grows the window under x, which the caller may still read after dispatch.
     const size_t t = size_t(num_tokens), k = size_t(cfg.num_topk);
