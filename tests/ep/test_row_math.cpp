@@ -95,7 +95,7 @@ void check_sum_of_partials(ep::rows::SumOfPartialsFn sum_of_partials) {
   std::mt19937 rng(11);
   const std::vector<std::vector<int>> group_sizes = {{}, {1}, {3}, {2, 3}, {1, 1, 1, 1}, {4, 2, 1}, {1, 5, 2}};
   int checked = 0;
-  for (size_t n : {1, 15, 16, 17, 33, 63, 64, 65, 200, 7168, 7205})
+  for (size_t n : {1, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129, 192, 200, 255, 7168, 7205})
     for (const std::vector<int>& sizes : group_sizes)
       for (bool shared_rows : {false, true}) {  // shared: a group's slots read one row (no expand)
         std::vector<int> end;
