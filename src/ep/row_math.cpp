@@ -99,24 +99,35 @@ constexpr size_t kPrefetch = 512;
   }
 }
 
+// 32·kBlocks columns from c of weighted_sum; eight independent sums (kBlocks = 4) keep both add
+// pipes busy where four wait on the add latency (see sum_of_partials_block).
+template <int kBlocks>
+[[gnu::always_inline]] inline void weighted_sum_block(const float* w, const uint16_t* const* y, int m, size_t c,
+                                                      bool canon, uint16_t* out_bits, float* out_f32) {
+  V16f e[2 * kBlocks] = {};
+  EvenOdd v[kBlocks] = {};
+  for (int s = 0; s < m; ++s) {
+    const float ws = w ? w[s] : 1.0f;
+    // Without the expand layout a row's local slots share one y row: decoded once.
+    if (s == 0 || y[s] != y[s - 1])
+#pragma GCC unroll 4
+      for (int b = 0; b < kBlocks; b += 2)
+        v[b] = load_row64(y[s], c + 32 * size_t(b)), v[b + 1] = load_bf16x32(y[s] + c + 32 * size_t(b + 1));
+#pragma GCC unroll 4
+    for (int b = 0; b < kBlocks; ++b) {
+      e[2 * b] += ws * v[b].even;
+      e[2 * b + 1] += ws * v[b].odd;
+    }
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < kBlocks; ++b) store_sum32(e[2 * b], e[2 * b + 1], canon, out_bits, out_f32, c + 32 * size_t(b));
+}
+
 DI_CPU_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n, bool canon,
                                 uint16_t* out_bits, float* out_f32) {
   size_t c = 0;
-  for (; c + 64 <= n; c += 64) {  // four independent sums hide the add latency
-    V16f e0 = {}, o0 = {}, e1 = {}, o1 = {};
-    EvenOdd v0{}, v1{};
-    for (int s = 0; s < m; ++s) {
-      const float ws = w ? w[s] : 1.0f;
-      // Without the expand layout a row's local slots share one y row: decoded once.
-      if (s == 0 || y[s] != y[s - 1]) v0 = load_row64(y[s], c), v1 = load_bf16x32(y[s] + c + 32);
-      e0 += ws * v0.even;
-      o0 += ws * v0.odd;
-      e1 += ws * v1.even;
-      o1 += ws * v1.odd;
-    }
-    store_sum32(e0, o0, canon, out_bits, out_f32, c);
-    store_sum32(e1, o1, canon, out_bits, out_f32, c + 32);
-  }
+  for (; c + 128 <= n; c += 128) weighted_sum_block<4>(w, y, m, c, canon, out_bits, out_f32);
+  for (; c + 64 <= n; c += 64) weighted_sum_block<2>(w, y, m, c, canon, out_bits, out_f32);
   for (; c + 16 <= n; c += 16) {
     V16f acc = {};
     for (int s = 0; s < m; ++s) acc += (w ? w[s] : 1.0f) * load_bf16(y[s] + c);

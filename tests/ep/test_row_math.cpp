@@ -64,7 +64,7 @@ RandomRows random_rows(std::mt19937& rng, int m, size_t n) {
 TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
   std::mt19937 rng(7);
   int checked = 0;
-  for (size_t n : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 200, 7168, 7205})
+  for (size_t n : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 192, 200, 255, 7168, 7205})
     for (int m : {0, 1, 2, 3, 8})
       for (bool weighted : {false, true})
         for (int canon_shared = 0; canon_shared < 4; ++canon_shared) {
