@@ -10,7 +10,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
-#define DI_BF16_TARGET __attribute__((target("avx512f,avx512dq,avx512bf16")))
+#define DI_BF16_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16")))
 #endif
 
 // -Wpsabi: the vector helpers below are inlined into each clone; no 64-byte vector crosses a call.
@@ -153,6 +153,10 @@ struct IntegerRounding {  // as bf16_bits, then the low 16 bits cleared
   [[gnu::always_inline]] static void round4(V16f& a, V16f& b, V16f& c, V16f& d) {
     a = round(a), b = round(b), c = round(c), d = round(d);
   }
+  // The final sums of 32 columns (even/odd halves) as bf16.
+  [[gnu::always_inline]] static void store32(V16f even, V16f odd, uint16_t* out) {
+    store_sum32(even, odd, false, out, nullptr, 0);
+  }
 };
 #ifdef DI_BF16_TARGET
 // VCVTNEPS2BF16 rounds like bf16_bits in one instruction, but reads a denormal input as zero;
@@ -171,6 +175,19 @@ struct Bf16InstructionRounding {
                           _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(d), kDenormal);
     if (__builtin_expect(any != 0, 0)) return IntegerRounding::round4(a, b, c, d);
     a = round(a), b = round(b), c = round(c), d = round(d);
+  }
+  // Both halves in one conversion, then the columns put back in order (one word permute):
+  // 5 instructions against 12 for the integer rounding's pack.
+  DI_BF16_TARGET static void store32(V16f even, V16f odd, uint16_t* out) {
+    constexpr int kDenormal = 0x20;
+    if (__builtin_expect((_mm512_fpclass_ps_mask(reinterpret_cast<__m512>(even), kDenormal) |
+                          _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(odd), kDenormal)) != 0, 0))
+      return IntegerRounding::store32(even, odd, out);
+    // Words 0..15 are the even columns' bf16, 16..31 the odd ones'; column 2i is even i.
+    const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(reinterpret_cast<__m512>(odd), reinterpret_cast<__m512>(even)));
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                           20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi16(order, h));
   }
 };
 #endif
@@ -205,7 +222,7 @@ template <class Rounding, int kBlocks>
     for (int i = 0; i < 2 * kBlocks; ++i) e[i] += p[i];
   }
 #pragma GCC unroll 4
-  for (int b = 0; b < kBlocks; ++b) store_sum32(e[2 * b], e[2 * b + 1], false, out_bits, nullptr, c + 32 * size_t(b));
+  for (int b = 0; b < kBlocks; ++b) Rounding::store32(e[2 * b], e[2 * b + 1], out_bits + c + 32 * size_t(b));
 }
 
 template <class Rounding>
@@ -252,7 +269,7 @@ DI_BF16_TARGET [[gnu::flatten]] void sum_of_partials_avx512bf16(const float* w, 
 std::vector<SumOfPartialsVersion> sum_of_partials_versions() {
   std::vector<SumOfPartialsVersion> v{{"portable", sum_of_partials_portable}};
 #ifdef DI_BF16_TARGET
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512bf16"))
     v.push_back({"avx512bf16", sum_of_partials_avx512bf16});
 #endif
