@@ -68,6 +68,13 @@ constexpr size_t kPrefetch = 1024;
   __builtin_prefetch(row + c + kPrefetch + 32);
   return load_bf16x32(row + c);
 }
+// 32·kBlocks columns of a row from c, decoded, prefetching ahead (kBlocks even).
+template <int kBlocks>
+[[gnu::always_inline]] inline void load_blocks(EvenOdd* v, const uint16_t* row, size_t c) {
+#pragma GCC unroll 4
+  for (int b = 0; b < kBlocks; b += 2)
+    v[b] = load_row64(row, c + 32 * size_t(b)), v[b + 1] = load_bf16x32(row + c + 32 * size_t(b + 1));
+}
 [[gnu::always_inline]] inline V16u rounded_bits(V16f acc, bool canon) {
   const V16u bits = bf16_bits(acc);
   return canon ? (bits == 0x8000u ? V16u{} : bits) : bits;
@@ -111,10 +118,7 @@ template <int kBlocks>
   for (int s = 0; s < m; ++s) {
     const float ws = w ? w[s] : 1.0f;
     // Without the expand layout a row's local slots share one y row: decoded once.
-    if (s == 0 || y[s] != y[s - 1])
-#pragma GCC unroll 4
-      for (int b = 0; b < kBlocks; b += 2)
-        v[b] = load_row64(y[s], c + 32 * size_t(b)), v[b + 1] = load_bf16x32(y[s] + c + 32 * size_t(b + 1));
+    if (s == 0 || y[s] != y[s - 1]) load_blocks<kBlocks>(v, y[s], c);
 #pragma GCC unroll 4
     for (int b = 0; b < kBlocks; ++b) {
       e[2 * b] += ws * v[b].even;
@@ -164,13 +168,13 @@ struct IntegerRounding {  // as bf16_bits, then the low 16 bits cleared
 // VCVTNEPS2BF16 rounds like bf16_bits in one instruction, but reads a denormal input as zero;
 // four vectors with any denormal lane (rare: |p| < 2^-126) take IntegerRounding instead.
 struct Bf16InstructionRounding {
+  static constexpr int kDenormal = 0x20;  // VFPCLASSPS category
   DI_BF16_TARGET static V16f round(V16f p) {
     const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(p)));
     // The maskz forms: GCC 12 warns on the plain ones' undefined pass-through operand.
     return reinterpret_cast<V16f>(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
   }
   DI_BF16_TARGET static void round4(V16f& a, V16f& b, V16f& c, V16f& d) {
-    constexpr int kDenormal = 0x20;  // VFPCLASSPS category
     const __mmask16 any = _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(a), kDenormal) |
                           _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(b), kDenormal) |
                           _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(c), kDenormal) |
@@ -181,7 +185,6 @@ struct Bf16InstructionRounding {
   // Both halves in one conversion, then the columns put back in order (one word permute):
   // 5 instructions against 12 for the integer rounding's pack.
   DI_BF16_TARGET static void store32(V16f even, V16f odd, uint16_t* out) {
-    constexpr int kDenormal = 0x20;
     if (__builtin_expect((_mm512_fpclass_ps_mask(reinterpret_cast<__m512>(even), kDenormal) |
                           _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(odd), kDenormal)) != 0, 0))
       return IntegerRounding::store32(even, odd, out);
@@ -202,16 +205,13 @@ template <class Rounding, int kBlocks>
 [[gnu::always_inline]] inline void sum_of_partials_block(const float* w, const uint16_t* const* y,
                                                          const int* group_end, int groups, size_t c,
                                                          uint16_t* out_bits) {
-  static_assert(kBlocks % 2 == 0, "partials are rounded four vectors at a time");
+  static_assert(kBlocks % 2 == 0, "partials are rounded four vectors at a time, rows loaded 64 columns");
   V16f e[2 * kBlocks] = {};
   EvenOdd v[kBlocks] = {};
   for (int g = 0, s = 0; g < groups; ++g) {
     V16f p[2 * kBlocks] = {};
     for (; s < group_end[g]; ++s) {
-      if (s == 0 || y[s] != y[s - 1])
-#pragma GCC unroll 4
-        for (int b = 0; b < kBlocks; b += 2)
-          v[b] = load_row64(y[s], c + 32 * size_t(b)), v[b + 1] = load_bf16x32(y[s] + c + 32 * size_t(b + 1));
+      if (s == 0 || y[s] != y[s - 1]) load_blocks<kBlocks>(v, y[s], c);
 #pragma GCC unroll 4
       for (int b = 0; b < kBlocks; ++b) {
         p[2 * b] += w[s] * v[b].even;
