@@ -299,7 +299,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
   base.num_experts = w * shape.local_experts;
   base.hidden = opts.hidden > 0 ? opts.hidden : shape.hidden;
   base.num_topk = shape.topk;
-  base.num_max_tokens_per_rank = shape.max_tokens;
+  base.num_max_tokens_per_rank = opts.tokens > 0 ? opts.tokens : shape.max_tokens;
 
   // Inputs of every rank, regenerated locally from (seed, rank), per dispatch dtype.
   std::map<int, std::vector<ref::RankInput>> inputs;

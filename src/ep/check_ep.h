@@ -22,6 +22,8 @@ struct CheckEpOptions {
   bool full = false;     // no pruning of the ag variants at large W
   int hidden = 0;        // H of every case; 0 = the world's small default. A large H makes the
                          // a2a calls large: x rows apart from their records, direct lowering
+  int tokens = 0;        // M of every case; 0 = the world's small default. With a large H, enough
+                         // for the rows of a call to pass 32 MiB: the sources write (direct-push)
 };
 
 struct CheckEpResult {

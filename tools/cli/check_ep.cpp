@@ -30,6 +30,7 @@ struct CheckEpCli {
   bool verbose = false;
   bool full = false;
   int hidden = 0;
+  int tokens = 0;
 };
 
 int run_check_ep_cli(const CheckEpCli& o) {
@@ -43,6 +44,7 @@ int run_check_ep_cli(const CheckEpCli& o) {
   co.verbose = o.verbose;
   co.full = o.full;
   co.hidden = o.hidden;
+  co.tokens = o.tokens;
   if (o.algo != "all")
     co.algos = {o.algo == "ag" ? EpAlgo::ag : (o.algo == "a2a" ? EpAlgo::a2a : EpAlgo::automatic)};
   if (o.combine != "all") co.combines = {o.combine == "fast" ? CombineMode::fast : CombineMode::exact};
@@ -93,6 +95,10 @@ DEEPINFER_COMMAND(
       app.add_option("--hidden", o->hidden,
                      "Hidden size of every case (default: small, by world); e.g. 8192 makes the a2a calls large "
                      "enough for their bandwidth lowerings")
+          ->check(CLI::Range(1, 1 << 16));
+      app.add_option("--tokens", o->tokens,
+                     "Max tokens per rank M of every case (default: small, by world); with --hidden 8192, "
+                     "--tokens 1024 makes a2a dispatch past 32 MiB a call, where on local the sources write")
           ->check(CLI::Range(1, 1 << 16));
       return [o] { return run_check_ep_cli(*o); };
     });
