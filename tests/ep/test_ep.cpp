@@ -283,8 +283,8 @@ TEST(EpAllToAll, DirectCombineSplitOverTheRanksPoolMatchesReference) {
     });
 }
 
-// A dispatch whose x rows exceed a cache over all ranks (kEpStreamMinBytes, 32 MiB; here 45-75
-// MB) in one address space: the sources write their rows into the destinations' outputs
+// A dispatch whose x rows over all ranks exceed a cache (kEpStreamMinBytes, 32 MiB; the first two
+// cases pass it) in one address space: the sources write their rows into the destinations' outputs
 // (direct-push), x by streaming stores. A small one reads them where the sources hold them
 // (direct). Rows, scales, ids, weights, cached dispatch and combine: the reference's bits.
 TEST(EpAllToAll, LargeDispatchSourcesWriteRowsMatchesReference) {
