@@ -212,14 +212,21 @@ struct EPBuffer::Impl {
       stats.bytes_recv += size_t(n_recv) * rl.x_bytes;
       x_recv = x_dst;
     }
+    list_received(h, rl, x_recv, rows);
+  }
+
+  // The a2a rows received into recv_buf as records of rl, source ranks in order, with their
+  // x in the record or, given x_apart, at the same position there.
+  void list_received(const HandleData& h, const RecordLayout& rl, const std::byte* x_apart,
+                     std::vector<RowRef>& rows) const {
     rows.clear();
     size_t pos = 0;
     for (int r = 0; r < world; ++r)
-      for (int64_t i = 0; i < rc[size_t(r)]; ++i, ++pos) {
+      for (int64_t i = 0; i < h.plan.send(r, rank); ++i, ++pos) {
         const std::byte* rec = recv_buf.data() + pos * rl.bytes;
         int64_t t;
         std::memcpy(&t, rec + rl.off_token, 8);
-        rows.push_back(record_row(rl, int32_t(r), int32_t(t), split ? x_recv + pos * rl.x_bytes : rec, rec));
+        rows.push_back(record_row(rl, int32_t(r), int32_t(t), x_apart ? x_apart + pos * rl.x_bytes : rec, rec));
       }
   }
 
@@ -335,15 +342,7 @@ struct EPBuffer::Impl {
       }
     streaming_fence();
     group.barrier();  // every row has landed; no peer writes here, or reads this rank's x, after it
-    rows.clear();
-    size_t pos = 0;
-    for (int r = 0; r < world; ++r)
-      for (int64_t i = 0; i < h.plan.send(r, rank); ++i, ++pos) {
-        const std::byte* rec = recv_buf.data() + pos * rl.bytes;
-        int64_t t;
-        std::memcpy(&t, rec + rl.off_token, 8);
-        rows.push_back(record_row(rl, int32_t(r), int32_t(t), x_dst + pos * x_bytes, rec));
-      }
+    list_received(h, rl, x_dst, rows);
     stats.collectives += 2;  // the expose and the closing barrier
     stats.lowering = "direct-push";
     stats.bytes_sent += sent;
