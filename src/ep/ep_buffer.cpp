@@ -88,6 +88,9 @@ struct EPBuffer::Impl {
   EPConfig cfg;
   int world = 1, rank = 0;
   int local_experts = 1;  // L
+  std::vector<int32_t> owner;  // [E] the rank holding expert e (e / L without a division per slot)
+  // Whether a slot's expert id e (-1: masked) lives on rank r.
+  bool on_rank(int64_t e, int r) const { return e >= 0 && owner[size_t(e)] == r; }
   EpAlgo algo = EpAlgo::ag;
   ep::EpSizes sizes;
   // Reused across calls (sized by ep_size_hint, grown on demand).
@@ -120,27 +123,28 @@ struct EPBuffer::Impl {
             weights.data<float>(), idx.data<int64_t>()};
   }
 
-  // Own tokens grouped by destination rank, ascending within each.
+  // Own tokens grouped by destination rank, ascending within each: one pass counts, one places.
+  // last[r]: the last token counted for (or placed at) rank r, so a token reaches each rank once.
   void build_send_lists(HandleData& h) const {
     const int k = cfg.num_topk;
     const int64_t* idx = h.num_tokens ? h.topk_idx.data<int64_t>() : nullptr;
-    std::vector<std::vector<int64_t>> per(static_cast<size_t>(world));
-    std::vector<uint8_t> hit(static_cast<size_t>(world));
-    for (int64_t t = 0; t < h.num_tokens; ++t) {
-      std::fill(hit.begin(), hit.end(), 0);
-      for (int j = 0; j < k; ++j) {
-        const int64_t e = idx[t * k + j];
-        if (e >= 0) hit[size_t(e / local_experts)] = 1;
-      }
-      for (int r = 0; r < world; ++r)
-        if (hit[size_t(r)]) per[size_t(r)].push_back(t);
-    }
+    std::vector<int64_t> last(static_cast<size_t>(world));
+    auto for_each_destination = [&](auto&& fn) {
+      std::fill(last.begin(), last.end(), -1);
+      for (int64_t t = 0; t < h.num_tokens; ++t)
+        for (int j = 0; j < k; ++j) {
+          const int64_t e = idx[t * k + j];
+          if (e < 0) continue;
+          const size_t r = size_t(owner[size_t(e)]);
+          if (last[r] != t) last[r] = t, fn(r, t);
+        }
+    };
     h.send_offsets.assign(size_t(world) + 1, 0);
-    h.send_tokens.clear();
-    for (int r = 0; r < world; ++r) {
-      h.send_tokens.insert(h.send_tokens.end(), per[size_t(r)].begin(), per[size_t(r)].end());
-      h.send_offsets[size_t(r) + 1] = int64_t(h.send_tokens.size());
-    }
+    for_each_destination([&](size_t r, int64_t) { ++h.send_offsets[r + 1]; });
+    for (int r = 0; r < world; ++r) h.send_offsets[size_t(r) + 1] += h.send_offsets[size_t(r)];
+    h.send_tokens.resize(size_t(h.send_offsets[size_t(world)]));
+    std::vector<int64_t> cursor(h.send_offsets.begin(), h.send_offsets.end() - 1);
+    for_each_destination([&](size_t r, int64_t t) { h.send_tokens[size_t(cursor[r]++)] = t; });
   }
 
   // ag: pack [R, rec] into this rank's block of the gather buffer, gather in place (the block
@@ -734,7 +738,7 @@ struct EPBuffer::Impl {
         if (!cfg.expand) bytes_read += hd * 2;  // one y row per received row, else one per slot
         for (int j = 0; j < k; ++j) {
           const int64_t e = own_idx[t * k + j];
-          if (e < 0 || e / local_experts != r) continue;
+          if (!on_rank(e, r)) continue;
           if (cfg.expand) bytes_read += hd * 2;
           const int64_t y_row = cfg.expand ? peer_slot(r)[row * k + j] : row;
           const size_t a = exact ? size_t(t * k + j) : size_t(t * k + part_count[size_t(t)]++);
@@ -793,7 +797,7 @@ struct EPBuffer::Impl {
       for (int r = 0; r < world; ++r)
         for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q) {
           const int64_t t = h.send_tokens[size_t(q)];
-          for (int j = 0; j < k; ++j) rc[size_t(r)] += own_idx[t * k + j] >= 0 && own_idx[t * k + j] / local_experts == r;
+          for (int j = 0; j < k; ++j) rc[size_t(r)] += on_rank(own_idx[t * k + j], r);
         }
       // Slot counts are not globally known: v where trusted, else pad to a bound every rank
       // derives from the split matrix.
@@ -848,7 +852,7 @@ struct EPBuffer::Impl {
         for (int64_t q = h.send_offsets[size_t(r)]; q < h.send_offsets[size_t(r) + 1]; ++q) {
           const int64_t t = h.send_tokens[size_t(q)];
           for (int j = 0; j < k; ++j)
-            if (own_idx[t * k + j] >= 0 && own_idx[t * k + j] / local_experts == r) {
+            if (on_rank(own_idx[t * k + j], r)) {
               slot_ptr[size_t(t * k + j)] = rp;
               rp += rec;
             }
@@ -880,7 +884,7 @@ struct EPBuffer::Impl {
           part_ptr[size_t(t) * per + size_t(part_count[size_t(t)]++)] =
               reinterpret_cast<const uint16_t*>(rp + size_t(k) * 4);
           for (int j = 0; j < k; ++j)
-            if (own_idx[t * k + j] >= 0 && own_idx[t * k + j] / local_experts == r)
+            if (on_rank(own_idx[t * k + j], r))
               std::memcpy(&ow[t * k + j], rp + size_t(j) * 4, 4);
         }
       for (int64_t t = 0; t < h.num_tokens; ++t)
@@ -903,6 +907,8 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
   const int64_t bad = err.empty() ? 0 : 1;
   if (err.empty()) {
     s.local_experts = config.num_experts / s.world;
+    s.owner.resize(size_t(config.num_experts));
+    for (int64_t e = 0; e < config.num_experts; ++e) s.owner[size_t(e)] = int32_t(e / s.local_experts);
     s.algo = resolve_ep_algo(config.algo, group.capabilities());
     s.sizes = ep::ep_size_hint(config, s.world);
   }
