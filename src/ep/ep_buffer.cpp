@@ -324,18 +324,14 @@ struct EPBuffer::Impl {
     group.expose(regions, exposed);
     log_once("a2a dispatch lowering = direct-push (peer memory, the sources write)");
     // Per destination: the next of its send list, and where that row goes in its outputs.
-    std::vector<int64_t> next(static_cast<size_t>(world)), end(static_cast<size_t>(world)), at(static_cast<size_t>(world));
-    for (int d = 0; d < world; ++d) {
-      next[size_t(d)] = h.send_offsets[size_t(d)];
-      end[size_t(d)] = h.send_offsets[size_t(d) + 1];
-      at[size_t(d)] = h.plan.recv_offset(rank, d);
-    }
+    std::vector<int64_t> next(h.send_offsets.begin(), h.send_offsets.end() - 1), at(static_cast<size_t>(world));
+    for (int d = 0; d < world; ++d) at[size_t(d)] = h.plan.recv_offset(rank, d);
     uint64_t sent = 0;
     for (int64_t t = 0; t < h.num_tokens; ++t)
       for (int i = 0; i < world; ++i) {
         const int d = (rank + i) % world;  // staggered, as the other lowerings read their peers
         const size_t di = size_t(d);
-        if (next[di] == end[di] || h.send_tokens[size_t(next[di])] != t) continue;
+        if (next[di] == h.send_offsets[di + 1] || h.send_tokens[size_t(next[di])] != t) continue;
         ++next[di];
         const size_t row = size_t(at[di]++);
         auto* peer_x = const_cast<std::byte*>(exposed[di * 2]);
