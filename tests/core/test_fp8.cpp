@@ -136,7 +136,7 @@ TEST(Fp8Golden, KnownValuesFromTheOcpSpec) {
   EXPECT_EQ(e5m2_to_f32(fp8_e5m2{0x7c}), std::numeric_limits<float>::infinity());
   EXPECT_EQ(e5m2_to_f32(fp8_e5m2{0xfc}), -std::numeric_limits<float>::infinity());
   EXPECT_EQ(kFp8E5m2Max, 57344.0f);
-  // Encoding rules named in DESIGN §2.
+  // Encoding rules named in docs/numerics.md §2.
   EXPECT_EQ(f32_to_e4m3(1e9f).bits, 0x7e);
   EXPECT_EQ(f32_to_e4m3(std::numeric_limits<float>::infinity()).bits, 0x7e);
   EXPECT_EQ(f32_to_e4m3(-std::numeric_limits<float>::infinity()).bits, 0xfe);
