@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -236,6 +237,9 @@ struct BugCase {
   const char* detail;        // must appear in the failing case's detail
   const char* also = nullptr;  // an op built on the broken one, which must fail too
 };
+
+// gtest prints a parameter (--gtest_list_tests, failures) by the bug's name, not its bytes.
+void PrintTo(const BugCase& c, std::ostream* os) { *os << bug_name(c.bug) << " (" << c.op << ")"; }
 
 class SuiteCatches : public ::testing::TestWithParam<BugCase> {};
 
