@@ -1,5 +1,5 @@
-# Collective conformance (DESIGN §3, §7): `deepinfer check collectives` on `local` at 1..64
-# ranks and on `mpi` at 1..8, then every injected fault, which the suite must catch: a
+# Collective conformance (docs/architecture.md §3, §7): `deepinfer check collectives` on `local` at
+# 1..64 ranks and on `mpi` at 1..8, then every injected fault, which the suite must catch: a
 # non-zero exit AND output naming the broken op (and the timeout, for hangs and dead ranks).
 # One line per run; the full output of each run is in $BUILD_DIR/stage-logs/collectives/.
 # 16 and 64 ranks over mpi: scripts/stages/large.sh (explicit stage `large`).

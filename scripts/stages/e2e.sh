@@ -36,8 +36,9 @@ DEEPINFER_EP_PEER_MEMORY=on mpirun --oversubscribe -x DEEPINFER_EP_PEER_MEMORY -
 echo "--- check e2e local EP=2 on the host (reference) kernels"
 DEEPINFER_KERNELS=host "$DEEPINFER" check e2e --model "$MODEL" --ep 2 | tail -2
 echo "--- check e2e local EP=4 fast combine (golden tolerance; not bit-identical across EP by design)"
-# fast combine rounds per-rank partials to bf16 (DESIGN §4): this memorising model amplifies that
-# into up to 6e-2 on a few positions and one router flip at margin ~1e-3, hence looser tolerances.
+# fast combine rounds per-rank partials to bf16 (docs/ep.md §5.2): this memorising model amplifies
+# that into up to 6e-2 on a few positions and one router flip at margin ~1e-3, hence looser
+# tolerances.
 DEEPINFER_EP_COMBINE=fast "$DEEPINFER" check e2e --model "$MODEL" --ep 4 --tol 1e-1 --router-tol 1e-2 | tail -2
 
 echo "--- generate: the golden prompts spread over 2 ranks (mpi)"

@@ -1,9 +1,8 @@
 // Tensor storage: large blocks are cached for reuse instead of going back to the OS.
-// Why: on a VM each first touch of a fresh page is a fault that exits to the hypervisor (about
-// 15 us on the CI machine), and glibc hands large blocks back (munmap / heap trim) on free. An
-// engine that allocates its activations and EP outputs every step then spends most of its time
-// faulting: bench ep at W=2 took 96k faults in 1.5 s. PyTorch's caching allocator answers the same
-// problem the same way.
+// Why: on a VM each first touch of a fresh page is a fault that exits to the hypervisor, and glibc
+// hands large blocks back (munmap / heap trim) on free. An engine that allocates its activations
+// and EP outputs every step then spends most of its time faulting (docs/performance.md §6).
+// PyTorch's caching allocator answers the same problem the same way.
 #include <deepinfer/tensor.h>
 
 #include <malloc.h>
@@ -20,7 +19,7 @@ namespace {
 
 // Smaller blocks stay with malloc's own bins. Not much larger: malloc hands a freed block of a
 // few hundred KiB to smaller requests and serves the next one from fresh pages at the top of its
-// heap (the fp8 dispatch's 224 KiB scales took 55 faults, 0.7 ms, in one call of three at first).
+// heap (the fp8 dispatch's 224 KiB scales did, docs/performance.md §6).
 constexpr size_t kCacheFrom = size_t(64) << 10;
 constexpr size_t kCacheLimit = size_t(4) << 30;   // bytes kept idle at most; beyond, blocks are freed
 
@@ -34,8 +33,7 @@ size_t size_class(size_t bytes) {
 
 // Which thread freed a block. A thread gets back its own blocks first: their lines are still in
 // its core's caches, while a block a peer rank's thread wrote last must first be pulled over from
-// the peer's (local W=2 bench ep: the dispatch's 7 MB row copy took 0.33 ms into a block the peer
-// had freed, 0.18 ms into its own).
+// the peer's (docs/performance.md §6).
 uint32_t thread_tag() {
   static std::atomic<uint32_t> next{0};
   thread_local const uint32_t tag = next.fetch_add(1, std::memory_order_relaxed);

@@ -1,4 +1,4 @@
-// MLA attention (DESIGN §2, §5; reference/deepseek-v3-architecture.md §3.3, §5 FlashMLA).
+// MLA attention (docs/numerics.md §5, §6; docs/architecture.md §5).
 //
 // Numerics: scores s = (q . k) * softmax_scale, softmax and P.V in fp32 (host: fp64); output
 // rounded to bf16 once; lse = ln(sum_t exp(s_t)) (natural log of the scaled logits), fp32.

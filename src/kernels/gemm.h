@@ -1,4 +1,4 @@
-// GEMMs, all "NT" (out = A·Wᵀ, W stored [N, K] as in the checkpoint), DESIGN §2:
+// GEMMs, all "NT" (out = A·Wᵀ, W stored [N, K] as in the checkpoint), docs/numerics.md §3:
 //  - fp8 block-scaled (DeepGEMM semantics): for each 128-wide K block kb, the integer-exact e4m3
 //    products are summed in fp32 (partial), then acc += partial · s_a[m, kb] · s_w[n/128, kb] in
 //    fp32; the output is rounded once (bf16) or kept (f32, for logits). Edge blocks in N and K are

@@ -1,4 +1,5 @@
-// RMSNorm (+ fused per-token fp8 cast) and the residual add (DESIGN §2, §5).
+// RMSNorm (+ fused per-token fp8 cast) and the residual add: docs/numerics.md §4,
+// docs/architecture.md §5.
 //
 // Numerics: y = bf16(x * rsqrt(mean(x^2) + eps) * w), computed in fp32 (host: fp64), rounded
 // once. The fused cast quantizes that bf16 y 1x128 exactly as quant_per_token does

@@ -1,7 +1,7 @@
-// FP8 (e4m3fn) casts (DESIGN §2): per-token 1×128 for activations, per-block 128×128 for weights,
-// and the casts back. Scales are fp32 multipliers: x ≈ fp8_value · scale. Edge blocks are partial
-// (K or N not a multiple of 128): the partial block's amax covers only its real elements, which is
-// the same as zero-padding it to 128 first (the checkpoint quantizer's rule).
+// FP8 (e4m3fn) casts (docs/numerics.md §2): per-token 1×128 for activations, per-block 128×128 for
+// weights, and the casts back. Scales are fp32 multipliers: x ≈ fp8_value · scale. Edge blocks are
+// partial (K or N not a multiple of 128): the partial block's amax covers only its real elements,
+// which is the same as zero-padding it to 128 first (the checkpoint quantizer's rule).
 #pragma once
 
 #include <deepinfer/dtype.h>

@@ -1,6 +1,6 @@
-// Call recording for `deepinfer diff` (DESIGN §5): a thread-local layer tag and an optional
-// recorder that sees every kernel call (op, tag, call index, shapes, inputs, outputs) together
-// with a closure that replays the same call on the `host` backend.
+// Call recording for `deepinfer diff` (docs/architecture.md §5): a thread-local layer tag and an
+// optional recorder that sees every kernel call (op, tag, call index, shapes, inputs, outputs)
+// together with a closure that replays the same call on the `host` backend.
 #pragma once
 
 #include <deepinfer/dtype.h>

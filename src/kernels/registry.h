@@ -1,6 +1,6 @@
-// Kernel backend registry (DESIGN §5). Every op is one params struct + one function
+// Kernel backend registry (docs/architecture.md §5). Every op is one params struct + one function
 //   void op(const OpParams&)            in deepinfer::kernels        (dispatches)
-//   void host::op(const OpParams&)      the reference: scalar, fp32/fp64 accumulation, §2 exactly
+//   void host::op(const OpParams&)      the reference: scalar, fp32/fp64 sums, docs/numerics.md
 //   void cpu::op(const OpParams&)       the fast one: Highway SIMD + kernel_pool()
 // plus an OpSpec<OpParams> specialisation (next to the params struct) that names the op and lists
 // its pointer fields, so the dispatcher can record calls, replay them on host, and inject faults,

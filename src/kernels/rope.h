@@ -1,5 +1,5 @@
-// Rotary position embedding with YaRN scaling (DESIGN §2; reference/deepseek-v3-architecture.md
-// §3.3), interleaved pairs as in the official DeepSeek code: channel pairs (x[2i], x[2i+1]) are
+// Rotary position embedding with YaRN scaling (docs/numerics.md §5), interleaved pairs as in
+// the official DeepSeek code: channel pairs (x[2i], x[2i+1]) are
 // rotated by phi_i = pos * inv_freq[i], with pos the absolute position. Angles are fp32
 // (pos * inv_freq in fp32, then cos/sin of that fp32 angle, correctly rounded to fp32); the
 // rotation is fp32 and the result is rounded to bf16 once.

@@ -1,4 +1,4 @@
-// MoE router top-k (DESIGN §2; reference/deepseek-v3-architecture.md §3.4): noaux_tc (V3) and
+// MoE router top-k (docs/numerics.md §7): noaux_tc (V3) and
 // the V2 variants greedy / group_limited_greedy, sigmoid or softmax scoring.
 //
 // Per token, all fp32: s = sigmoid(l) or softmax(l); selection score b = s + bias (noaux_tc;

@@ -1,4 +1,5 @@
-// Token sampling (DESIGN §5): greedy, temperature, top-k, top-p; seeded, reproducible, batched.
+// Token sampling (docs/numerics.md §9): greedy, temperature, top-k, top-p; seeded, reproducible,
+// batched.
 //
 // Each row draws one uniform u in [0, 1) from Philox4x32-10 keyed by (seed, counter) of that row,
 // so a row's token depends only on its logits and its own settings -- never on the batch, the

@@ -1,4 +1,5 @@
-// SwiGLU (+ fused routing weight and per-token fp8 cast) (DESIGN §2, §5).
+// SwiGLU (+ fused routing weight and per-token fp8 cast): docs/numerics.md §4,
+// docs/architecture.md §5.
 //
 // y = bf16(silu(g) * u * w_row), silu(g) = g * sigmoid(g), computed in fp32 (host: fp64),
 // rounded once; w_row = 1 without row weights. The fused cast quantizes that bf16 y 1x128

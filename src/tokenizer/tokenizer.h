@@ -1,4 +1,4 @@
-// HuggingFace tokenizer.json loader and byte-level BPE (DESIGN §6).
+// HuggingFace tokenizer.json loader and byte-level BPE (docs/architecture.md §6).
 //
 // Supported (everything else is an Error naming the JSON path and the type):
 //   model          BPE: vocab, merges ("a b" or ["a","b"]), unk_token, fuse_unk, ignore_merges;

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -126,6 +127,23 @@ TEST(Patterns, FillMatchesPatternAndBlocksDiffer) {
 // One planted bug per op, on rank 1 (or every rank where the bug needs it).
 enum class Bug { none, ag_bitflip, agv_last, ar_ulp, rs_ulp, a2a_swap, a2av_overrun, bcast_root0, barrier_noop, send_write };
 
+// The test name of each planted bug (gtest names: letters, digits and '_').
+const char* bug_name(Bug bug) {
+  switch (bug) {
+    case Bug::none: return "none";
+    case Bug::ag_bitflip: return "all_gather_bitflip";
+    case Bug::agv_last: return "all_gather_v_last";
+    case Bug::ar_ulp: return "all_reduce_ulp";
+    case Bug::rs_ulp: return "reduce_scatter_ulp";
+    case Bug::a2a_swap: return "all_to_all_swap";
+    case Bug::a2av_overrun: return "all_to_all_v_overrun";
+    case Bug::bcast_root0: return "broadcast_root0";
+    case Bug::barrier_noop: return "barrier_noop";
+    case Bug::send_write: return "send_buffer_write";
+  }
+  return "unknown";
+}
+
 class BuggyGroup final : public Group {
  public:
   BuggyGroup(Group& inner, Bug bug) : g_(inner), bug_(bug) {}
@@ -220,6 +238,9 @@ struct BugCase {
   const char* also = nullptr;  // an op built on the broken one, which must fail too
 };
 
+// gtest prints a parameter (--gtest_list_tests, failures) by the bug's name, not its bytes.
+void PrintTo(const BugCase& c, std::ostream* os) { *os << bug_name(c.bug) << " (" << c.op << ")"; }
+
 class SuiteCatches : public ::testing::TestWithParam<BugCase> {};
 
 TEST_P(SuiteCatches, ExactlyTheBrokenOp) {
@@ -245,7 +266,8 @@ INSTANTIATE_TEST_SUITE_P(
                               "all_to_all_v_rows"},  // the Group default packs, then all_to_all_v
                       BugCase{Bug::bcast_root0, "broadcast", "wrong elements"},
                       BugCase{Bug::barrier_noop, "barrier", "left the barrier"},
-                      BugCase{Bug::send_write, "all_gather", "send buffer was modified"}));
+                      BugCase{Bug::send_write, "all_gather", "send buffer was modified"}),
+    [](const auto& info) { return std::string(bug_name(info.param.bug)); });
 
 }  // namespace
 }  // namespace deepinfer::conformance

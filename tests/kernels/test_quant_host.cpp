@@ -1,4 +1,4 @@
-// Host fp8 casts against closed forms and hand-computed values (DESIGN §2).
+// Host fp8 casts against closed forms and hand-computed values (docs/numerics.md §2).
 #include <gtest/gtest.h>
 
 #include <cmath>

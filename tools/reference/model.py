@@ -1,4 +1,4 @@
-"""The DeepSeek-V3 forward pass, written from the architecture, following DESIGN.md §2.
+"""The DeepSeek-V3 forward pass, written from the architecture, following docs/numerics.md.
 
 This is the spec the C++ engine is checked against: read it with NUMERICS.md beside it.
 It reads a HuggingFace checkpoint folder (config.json + model.safetensors or a sharded index)
@@ -147,7 +147,7 @@ def apply_rope(x, positions, inv_freq, attn_factor):
 
 def rms_norm(x, w, eps):
     """x [T, C] bf16 values, w [C] bf16 values: bf16(x * rsqrt(mean(x^2) + eps) * w), computed in
-    float64, one rounding (DESIGN §2; not the official double rounding)."""
+    float64, one rounding (docs/numerics.md §4; not the official double rounding)."""
     xd = x.double()
     r = torch.rsqrt((xd * xd).mean(dim=-1, keepdim=True) + eps)
     return bf16(xd * r * w.double())
@@ -160,8 +160,8 @@ def swiglu(g, u):
 
 
 class Model:
-    """Weights of one checkpoint plus the forward pass. mode: "fp8" (DESIGN §2 default: activations
-    quantized 1x128, block-scaled fp8 GEMM) or "bf16" (weights dequantized to bf16 once)."""
+    """Weights of one checkpoint plus the forward pass. mode: "fp8" (docs/numerics.md §3 default:
+    activations quantized 1x128, block-scaled fp8 GEMM) or "bf16" (weights dequantized to bf16 once)."""
 
     def __init__(self, cfg, tensors, mode="fp8"):
         if mode not in ("fp8", "bf16"):

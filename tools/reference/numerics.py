@@ -1,4 +1,4 @@
-"""The rounding rules of DESIGN.md §2, written out in PyTorch (CPU, torch 1.13, no float8 dtype).
+"""The rounding rules of docs/numerics.md, written out in PyTorch (CPU, torch 1.13, no float8 dtype).
 
 Conventions: every activation is held as a torch.float32 tensor whose values are exactly
 representable in bf16 (`bf16()` rounds to nearest even and widens back). FP8 e4m3fn values are
@@ -136,7 +136,7 @@ def quantize_weight(w):
 # ---- linears ----
 
 def fp8_linear(x, w):
-    """DESIGN §2 "fp8" mode. x [M, K] bf16 values, w Fp8Weight [N, K] -> [M, N] bf16 values.
+    """docs/numerics.md §3 "fp8" mode. x [M, K] bf16 values, w Fp8Weight [N, K] -> [M, N] bf16 values.
 
     Per 128-wide K block kb: P = sum_k qa[m,k] * qw[n,k]. Each product of two e4m3 values is a
     multiple of 2^-18 below 2^18, so a 128-term sum is exact in float64 whatever the order; P is

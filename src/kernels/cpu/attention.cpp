@@ -17,7 +17,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/ops_b-inl.h"
+#include "kernels/cpu/activation_simd-inl.h"
 
 // Target-independent types: defined once although foreach_target re-includes this file.
 #ifndef DEEPINFER_KERNELS_CPU_ATTENTION_TYPES_
@@ -273,7 +273,7 @@ void run_attn_job(const AttnJob& job) {
   const int64_t D = job.D, Dv = job.Dv, R = job.j1 - job.j0;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   // Per-thread scratch, reused across calls: fresh large buffers would cost a page fault per 4 KiB
-  // on every call (about 15 us each on a VM).
+  // on every call, each expensive on a VM (docs/performance.md §6).
   thread_local std::vector<float> qf, kf, vf, s, acc, m, l;
   thread_local std::vector<int64_t> vis;
   qf.resize(static_cast<size_t>(R * D));

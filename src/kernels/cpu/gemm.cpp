@@ -1,5 +1,5 @@
-// Fast GEMMs: Highway SIMD (runtime dispatch) + kernel_pool(). Same formula as host (DESIGN §2);
-// only the fp32 summation order differs.
+// Fast GEMMs: Highway SIMD (runtime dispatch) + kernel_pool(). Same formula as host
+// (docs/numerics.md §3); only the fp32 summation order differs.
 //  - small M (decode, M <= 8): memory-bound. Each weight row is streamed once; 128-wide K blocks
 //    are decoded to f32 in registers and FMA'd with the M activation rows (decoded once); the
 //    per-block partial vector is scaled by s_a·s_w into a vector accumulator, reduced at the end.

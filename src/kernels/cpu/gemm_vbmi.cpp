@@ -9,9 +9,9 @@
 // time, and f32 by moving the bf16 bits up (an interleave with zeros). The interleaves permute
 // positions within each 64-code group; activations go through the same decode, so products pair
 // up. Products are exact in f32; each 128-block's partial sum is scaled by s_a·s_w into the
-// accumulator as DESIGN §2 says, so only the f32 summation order differs from the host. (Scaling
-// the decoded values instead saves that epilogue but moves the rounding points enough to fail the
-// tiny model's golden: 1.5e-2 against 6e-4 on one prompt.)
+// accumulator as docs/numerics.md §3 says, so only the f32 summation order differs from the host.
+// (Scaling the decoded values instead saves that epilogue but moves the rounding points enough to
+// fail the tiny model's golden: 1.5e-2 against 6e-4 on one prompt.)
 #include <algorithm>
 #include <array>
 #include <atomic>

@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "kernels/cpu/ops_b-inl.h"
+#include "kernels/cpu/activation_simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {

@@ -1,5 +1,5 @@
-// `deepinfer diff` core (DESIGN §5): a Recorder that replays every kernel call on the `host`
-// backend as it happens, compares the outputs and keeps one summary row per call (never the
+// `deepinfer diff` core (docs/architecture.md §5): a Recorder that replays every kernel call on the
+// `host` backend as it happens, compares the outputs and keeps one summary row per call (never the
 // tensors), plus the ranking, per-op summary, EP merge and report formatting.
 //
 //   DiffRecorder rec;                      // thread-safe; rank threads bind their rank

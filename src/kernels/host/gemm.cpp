@@ -1,6 +1,6 @@
-// Reference GEMMs: scalar loops that spell out DESIGN §2 as tools/reference/NUMERICS.md pins it.
-// For each output element and each 128-wide K block, the exact e4m3 products are summed exactly
-// (float64 holds the sum of 128 of them without error) and rounded once to fp32; then
+// Reference GEMMs: scalar loops that spell out docs/numerics.md §3 as tools/reference/NUMERICS.md
+// pins it. For each output element and each 128-wide K block, the exact e4m3 products are summed
+// exactly (float64 holds the sum of 128 of them without error) and rounded once to fp32; then
 // acc = acc + P·(s_a·s_w) in fp32, the scale product first; the output is rounded once.
 #include <algorithm>
 #include <vector>

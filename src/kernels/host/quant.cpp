@@ -1,4 +1,4 @@
-// Reference fp8 casts: scalar, one element at a time, exactly DESIGN §2.
+// Reference fp8 casts: scalar, one element at a time, exactly docs/numerics.md §2.
 #include <algorithm>
 #include <cmath>
 

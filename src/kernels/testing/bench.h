@@ -1,6 +1,6 @@
 // `deepinfer bench kernels`: a registry of sub-benches, each printing JSON lines with the ratio to
-// a limit measured in the same run (DESIGN §7). Sub-benches register from any file linked into the
-// CLI (e.g. tools/cli/bench_kernels_attention.cpp):
+// a limit measured in the same run (docs/performance.md §1). Sub-benches register from any file
+// linked into the CLI (e.g. tools/cli/bench_kernels_attention.cpp):
 //   DEEPINFER_KERNEL_BENCH(mla_decode) {      // body receives `BenchContext& ctx`, returns failures
 //     ... time with ctx.time(fn) ...; ctx.emit({...}); return 0;
 //   }

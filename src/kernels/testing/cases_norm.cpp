@@ -1,7 +1,7 @@
 // Harness cases (cpu vs host) for RMSNorm, residual add, SwiGLU and RoPE. The cpu kernels run in
 // fp32 where host runs in fp64, so bf16 outputs may differ by one rounding on a few elements;
 // fp8 outputs inherit that (one fp8 step on the element, or a scale when the amax element moves).
-// Zero-size calls have nothing to compare; tests/kernels/test_elementwise_b_host.cpp covers them.
+// Zero-size calls have nothing to compare; tests/kernels/test_elementwise_host.cpp covers them.
 #include <fmt/format.h>
 
 #include <algorithm>

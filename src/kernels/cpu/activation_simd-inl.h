@@ -1,11 +1,12 @@
-// Highway helpers shared by the ops-B cpu kernels (norm, rope, swiglu, attention): bf16 <-> f32
-// and the e4m3 encode, bit-identical to the scalar conversions in <deepinfer/dtype.h>.
+// Highway helpers for bf16 activation rows, shared by the norm, rope, swiglu and attention cpu
+// kernels: bf16 <-> f32, the e4m3 encode and the 1x128 token cast, bit-identical to the scalar
+// conversions in <deepinfer/dtype.h>.
 // Per-target -inl header: include it after <hwy/highway.h> inside a foreach_target file.
-#if defined(DEEPINFER_KERNELS_CPU_OPS_B_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef DEEPINFER_KERNELS_CPU_OPS_B_INL_H_
-#undef DEEPINFER_KERNELS_CPU_OPS_B_INL_H_
+#if defined(DEEPINFER_KERNELS_CPU_ACTIVATION_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef DEEPINFER_KERNELS_CPU_ACTIVATION_SIMD_INL_H_
+#undef DEEPINFER_KERNELS_CPU_ACTIVATION_SIMD_INL_H_
 #else
-#define DEEPINFER_KERNELS_CPU_OPS_B_INL_H_
+#define DEEPINFER_KERNELS_CPU_ACTIVATION_SIMD_INL_H_
 #endif
 
 #include <deepinfer/dtype.h>

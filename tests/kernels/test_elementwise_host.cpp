@@ -1,6 +1,6 @@
-// RMSNorm, residual add and SwiGLU (+ zero-sized calls of every ops-B op): host against hand values
-// and fp64 closed forms; the fused fp8 epilogues against their unfused composition (rms_norm /
-// swiglu -> quant_per_token), on both backends.
+// RMSNorm, residual add and SwiGLU (+ zero-sized calls of norm, rope, swiglu, attention, router
+// and sampling): host against hand values and fp64 closed forms; the fused fp8 epilogues against
+// their unfused composition (rms_norm / swiglu -> quant_per_token), on both backends.
 #include <gtest/gtest.h>
 
 #include <cmath>

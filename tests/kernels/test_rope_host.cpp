@@ -1,5 +1,5 @@
 // RoPE / YaRN: frequency tables and scales against the closed forms of the reference
-// (deepseek-v3-architecture.md §3.3), the host rotation against fp64 cos/sin, and the property
+// (docs/numerics.md §5), the host rotation against fp64 cos/sin, and the property
 // that makes RoPE what it is: q.k depends only on the position difference.
 #include <gtest/gtest.h>
 

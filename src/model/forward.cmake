@@ -1,1 +1,0 @@
-list(APPEND DEEPINFER_MODEL_SOURCES kv_cache.cpp deepseek.cpp)
