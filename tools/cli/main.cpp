@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/env.h"
+#include "kernels/registry.h"
 
 namespace deepinfer::cli {
 
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   }
   try {
     knobs();  // validate the environment before anything starts
+    kernels::check_fault_knob();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
