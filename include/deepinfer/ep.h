@@ -62,7 +62,7 @@ struct EPConfig {
   DispatchDType dispatch_dtype = DispatchDType::bf16;
   int expert_alignment = 1;  // per-expert segment alignment (counts and expand layout)
   bool expand = false;       // one received row per (token, local expert), grouped-GEMM layout
-  EpAlgo algo = EpAlgo::automatic;          // DEEPINFER_EP_ALGO
+  EpAlgo algo = EpAlgo::automatic;           // DEEPINFER_EP_ALGO
   CombineMode combine = CombineMode::exact;  // DEEPINFER_EP_COMBINE
   AgRows ag_rows = AgRows::max;              // DEEPINFER_EP_AG_ROWS
   EpReduce reduce = EpReduce::rs;            // DEEPINFER_EP_REDUCE

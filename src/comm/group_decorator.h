@@ -17,7 +17,8 @@ class GroupDecorator : public Group {
   // Borrows `inner`, which must outlive the decorator.
   explicit GroupDecorator(Group& inner) : inner_(&inner) {}
   // Owns `inner`.
-  explicit GroupDecorator(std::unique_ptr<Group> inner) : owned_(std::move(inner)), inner_(owned_.get()) {}
+  explicit GroupDecorator(std::unique_ptr<Group> inner)
+      : owned_(std::move(inner)), inner_(owned_.get()) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -27,8 +28,8 @@ class GroupDecorator : public Group {
   void all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     inner_->all_gather(send, recv, count, dtype);
   }
-  void all_gather_v(const void* send, size_t send_count, void* recv, std::span<const size_t> recv_counts,
-                    DType dtype) override {
+  void all_gather_v(const void* send, size_t send_count, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override {
     inner_->all_gather_v(send, send_count, recv, recv_counts, dtype);
   }
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
@@ -45,7 +46,8 @@ class GroupDecorator : public Group {
     inner_->all_to_all_v(send, send_counts, recv, recv_counts, dtype);
   }
   void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
-                         std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override {
+                         std::span<const int64_t> offsets, void* recv,
+                         std::span<const size_t> recv_rows) override {
     inner_->all_to_all_v_rows(base, row_bytes, rows, offsets, recv, recv_rows);
   }
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -54,7 +56,8 @@ class GroupDecorator : public Group {
   void barrier() override { inner_->barrier(); }
 
   PeerMemory peer_memory() const override { return inner_->peer_memory(); }
-  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
+  void expose(std::span<const std::span<const std::byte>> regions,
+              std::vector<const std::byte*>& peers) override {
     inner_->expose(regions, peers);
   }
   std::byte* expose_staging(size_t bytes) override { return inner_->expose_staging(bytes); }

@@ -31,16 +31,24 @@ constexpr std::array<KnobDoc, 15> kKnobDocs{{
     {"DEEPINFER_EP_COMBINE", "exact, fast", "exact",
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
     {"DEEPINFER_EP_PEER_MEMORY", "auto, on, off", "auto",
-     "a2a where the ranks share memory (local, or mpi on one host): combine (and on local dispatch) reads the peers' buffers in place instead of exchanging them; auto: once a call moves >= 256 KiB per rank"},
+     "a2a where the ranks share memory (local, or mpi on one host): combine (and on local "
+     "dispatch) reads the peers' buffers in place instead of exchanging them; auto: once a call "
+     "moves >= 256 KiB per rank"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
-     "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that decode and prefill GEMMs read"},
-    {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel (and EP combine) threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
+     "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
+     "decode and prefill GEMMs read"},
+    {"DEEPINFER_THREADS", "integer >= 0", "0",
+     "kernel (and EP combine) threads per process, split between local rank threads; 0 = all "
+     "hardware threads (mpi: / ranks on the host)"},
     {"DEEPINFER_PIN_RANKS", "on, off", "on",
-     "local: each rank thread (and its kernel pool) runs on its own share of the CPUs the process may use, where there are at least as many CPUs as ranks; off: the OS places them (for CPUs shared with other busy processes)"},
+     "local: each rank thread (and its kernel pool) runs on its own share of the CPUs the process "
+     "may use, where there are at least as many CPUs as ranks; off: the OS places them (for CPUs "
+     "shared with other busy processes)"},
     {"DEEPINFER_FAULT", "kernel:<op>:<call>, op a kernel op name, call an integer >= 0", "(none)",
-     "perturb the first output of call number <call> (from 0, per thread) of kernel op <op> on the cpu backend, to test `deepinfer diff` (collective faults: `check collectives --fault`)"},
+     "perturb the first output of call number <call> (from 0, per thread) of kernel op <op> on the "
+     "cpu backend, to test `deepinfer diff` (collective faults: `check collectives --fault`)"},
     {"DEEPINFER_CAPABILITIES", "file path", "(none)",
      "collective capabilities file written by `deepinfer check collectives --save-capabilities`"},
     {"DEEPINFER_LOG", "debug, info, warn, error", "info", "lowest log level printed"},
@@ -72,7 +80,9 @@ std::string parse_choice(std::string_view name, const std::string& value) {
   invalid(name, value);
 }
 
-bool parse_on_off(std::string_view name, const std::string& value) { return parse_choice(name, value) == "on"; }
+bool parse_on_off(std::string_view name, const std::string& value) {
+  return parse_choice(name, value) == "on";
+}
 
 // Integer with an optional binary suffix K, M or G (case-insensitive), e.g. "64M".
 uint64_t parse_size(std::string_view name, const std::string& value) {
@@ -156,9 +166,11 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
     k.ep_chunk_bytes = size_t(b);
   }
   if (auto v = get("DEEPINFER_EP_COMBINE")) k.ep_combine = parse_choice("DEEPINFER_EP_COMBINE", *v);
-  if (auto v = get("DEEPINFER_EP_PEER_MEMORY")) k.ep_peer_memory = parse_choice("DEEPINFER_EP_PEER_MEMORY", *v);
+  if (auto v = get("DEEPINFER_EP_PEER_MEMORY"))
+    k.ep_peer_memory = parse_choice("DEEPINFER_EP_PEER_MEMORY", *v);
   if (auto v = get("DEEPINFER_KERNELS")) k.kernels = parse_choice("DEEPINFER_KERNELS", *v);
-  if (auto v = get("DEEPINFER_DECODE_LAYOUT")) k.decode_layout = parse_on_off("DEEPINFER_DECODE_LAYOUT", *v);
+  if (auto v = get("DEEPINFER_DECODE_LAYOUT"))
+    k.decode_layout = parse_on_off("DEEPINFER_DECODE_LAYOUT", *v);
   if (auto v = get("DEEPINFER_THREADS")) {
     if (v->find_first_not_of("0123456789") != std::string::npos) invalid("DEEPINFER_THREADS", *v);
     const uint64_t t = parse_size("DEEPINFER_THREADS", *v);
@@ -233,7 +245,8 @@ std::vector<std::string_view> knob_choices(std::string_view name) {
     size_t end = allowed.find(", ", i);
     if (end == std::string_view::npos) end = allowed.size();
     const std::string_view word = allowed.substr(i, end - i);
-    if (word.empty() || word.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") != std::string_view::npos)
+    if (word.empty() ||
+        word.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") != std::string_view::npos)
       return {};
     words.push_back(word);
     i = end + 2;
@@ -244,14 +257,17 @@ std::vector<std::string_view> knob_choices(std::string_view name) {
 FaultKnob parse_fault_knob(const std::string& value) {
   constexpr std::string_view kName = "DEEPINFER_FAULT", kKernel = "kernel:";
   const std::string_view v(value);
-  if (!v.starts_with(kKernel)) invalid(kName, value, "the only fault kind is kernel:<op>:<call>, e.g. kernel:rms_norm:3");
+  if (!v.starts_with(kKernel))
+    invalid(kName, value, "the only fault kind is kernel:<op>:<call>, e.g. kernel:rms_norm:3");
   const std::string_view rest = v.substr(kKernel.size());
   const size_t colon = rest.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) invalid(kName, value, "want kernel:<op>:<call>, e.g. kernel:rms_norm:3");
+  if (colon == std::string_view::npos || colon == 0)
+    invalid(kName, value, "want kernel:<op>:<call>, e.g. kernel:rms_norm:3");
   FaultKnob f;
   f.op = std::string(rest.substr(0, colon));
   const std::string_view call = rest.substr(colon + 1);
-  if (call.empty() || call.size() > 19 || call.find_first_not_of("0123456789") != std::string_view::npos)
+  if (call.empty() || call.size() > 19 ||
+      call.find_first_not_of("0123456789") != std::string_view::npos)
     invalid(kName, value, fmt::format("call '{}' is not an integer >= 0", call));
   f.call = std::strtoull(std::string(call).c_str(), nullptr, 10);
   return f;

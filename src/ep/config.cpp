@@ -1,6 +1,5 @@
 // EPConfig validation, its knobs, the enums' words and the `auto` algorithm rule.
 #include <deepinfer/ep.h>
-
 #include <fmt/format.h>
 
 #include <array>
@@ -15,7 +14,9 @@ template <class E, size_t N>
 E from_word(const char* knob, const std::string& word, const std::array<E, N>& all) {
   for (E e : all)
     if (to_string(e) == word) return e;
-  DI_FAIL("{}='{}' has no EP meaning (internal: the knob's allowed words and the ep layer disagree)", knob, word);
+  DI_FAIL(
+      "{}='{}' has no EP meaning (internal: the knob's allowed words and the ep layer disagree)",
+      knob, word);
 }
 
 }  // namespace
@@ -41,13 +42,16 @@ std::string_view to_string(EpPeerMemory v) {
 EPConfig EPConfig::from_knobs() {
   const Knobs& k = knobs();
   EPConfig c;
-  c.algo = from_word("DEEPINFER_EP_ALGO", k.ep_algo, std::array{EpAlgo::ag, EpAlgo::a2a, EpAlgo::automatic});
-  c.combine = from_word("DEEPINFER_EP_COMBINE", k.ep_combine, std::array{CombineMode::exact, CombineMode::fast});
+  c.algo = from_word("DEEPINFER_EP_ALGO", k.ep_algo,
+                     std::array{EpAlgo::ag, EpAlgo::a2a, EpAlgo::automatic});
+  c.combine = from_word("DEEPINFER_EP_COMBINE", k.ep_combine,
+                        std::array{CombineMode::exact, CombineMode::fast});
   c.ag_rows = from_word("DEEPINFER_EP_AG_ROWS", k.ep_ag_rows, std::array{AgRows::max, AgRows::cap});
   c.reduce = from_word("DEEPINFER_EP_REDUCE", k.ep_reduce, std::array{EpReduce::rs, EpReduce::ar});
   c.chunk_bytes = k.ep_chunk_bytes;
-  c.peer_memory = from_word("DEEPINFER_EP_PEER_MEMORY", k.ep_peer_memory,
-                            std::array{EpPeerMemory::off, EpPeerMemory::on, EpPeerMemory::automatic});
+  c.peer_memory =
+      from_word("DEEPINFER_EP_PEER_MEMORY", k.ep_peer_memory,
+                std::array{EpPeerMemory::off, EpPeerMemory::on, EpPeerMemory::automatic});
   return c;
 }
 

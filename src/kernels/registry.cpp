@@ -37,7 +37,9 @@ FaultSpec parse_fault(const std::string& s) {
 }
 }  // namespace
 
-KernelBackend backend_from_knobs() { return knobs().kernels == "host" ? KernelBackend::host : KernelBackend::cpu; }
+KernelBackend backend_from_knobs() {
+  return knobs().kernels == "host" ? KernelBackend::host : KernelBackend::cpu;
+}
 
 KernelBackend current_backend() {
   if (t_backend_override >= 0) return KernelBackend(t_backend_override);
@@ -73,9 +75,12 @@ void check_fault_knob() {
   for (std::string_view op : op_names())
     if (f.op == op) return;
   std::string known;
-  for (std::string_view op : op_names()) known += fmt::format("{}{}", known.empty() ? "" : ", ", op);
-  DI_FAIL("DEEPINFER_FAULT='{}' is not valid: '{}' is not a kernel op; allowed values: kernel:<op>:<call> with op one of {}",
-          value, f.op, known);
+  for (std::string_view op : op_names())
+    known += fmt::format("{}{}", known.empty() ? "" : ", ", op);
+  DI_FAIL(
+      "DEEPINFER_FAULT='{}' is not valid: '{}' is not a kernel op; allowed values: "
+      "kernel:<op>:<call> with op one of {}",
+      value, f.op, known);
 }
 
 ScopedBackend::ScopedBackend(KernelBackend b) : saved_(t_backend_override) { t_backend_override = int(b); }

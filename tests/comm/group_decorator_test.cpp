@@ -1,6 +1,8 @@
 // GroupDecorator forwards every virtual of Group to the inner group's own implementation (not to
 // Group's defaults), and the wrappers built on it override only what they change: the
 // capabilities override its capabilities, `faulty` its collectives and its peer memory (none).
+#include "comm/group_decorator.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,7 +12,6 @@
 
 #include "comm/capabilities.h"
 #include "comm/faulty/faulty_group.h"
-#include "comm/group_decorator.h"
 
 namespace deepinfer {
 namespace {
@@ -32,21 +33,25 @@ class RecordingGroup final : public Group {
     return c;
   }
   void all_gather(const void*, void*, size_t, DType) override { note("all_gather"); }
-  void all_gather_v(const void*, size_t, void*, std::span<const size_t>, DType) override { note("all_gather_v"); }
+  void all_gather_v(const void*, size_t, void*, std::span<const size_t>, DType) override {
+    note("all_gather_v");
+  }
   void all_reduce(void*, size_t, DType, ReduceOp) override { note("all_reduce"); }
   void reduce_scatter(const float*, float*, size_t) override { note("reduce_scatter"); }
   void all_to_all(const void*, void*, size_t, DType) override { note("all_to_all"); }
-  void all_to_all_v(const void*, std::span<const size_t>, void*, std::span<const size_t>, DType) override {
+  void all_to_all_v(const void*, std::span<const size_t>, void*, std::span<const size_t>,
+                    DType) override {
     note("all_to_all_v");
   }
-  void all_to_all_v_rows(const void*, size_t, std::span<const int64_t>, std::span<const int64_t>, void*,
-                         std::span<const size_t>) override {
+  void all_to_all_v_rows(const void*, size_t, std::span<const int64_t>, std::span<const int64_t>,
+                         void*, std::span<const size_t>) override {
     note("all_to_all_v_rows");
   }
   void broadcast(void*, size_t, DType, int) override { note("broadcast"); }
   void barrier() override { note("barrier"); }
   PeerMemory peer_memory() const override { return note("peer_memory"), PeerMemory::address_space; }
-  void expose(std::span<const std::span<const std::byte>>, std::vector<const std::byte*>& peers) override {
+  void expose(std::span<const std::span<const std::byte>>,
+              std::vector<const std::byte*>& peers) override {
     note("expose");
     peers.assign(2, staging);
   }
@@ -71,18 +76,26 @@ std::vector<Call> every_virtual() {
       {"rank", [](Group& g, RecordingGroup&) { EXPECT_EQ(g.rank(), 1); }},
       {"size", [](Group& g, RecordingGroup&) { EXPECT_EQ(g.size(), 2); }},
       {"backend", [](Group& g, RecordingGroup&) { (void)g.backend(); }},
-      {"capabilities", [](Group& g, RecordingGroup&) { EXPECT_FALSE(g.capabilities().ordered_reduce); }},
+      {"capabilities",
+       [](Group& g, RecordingGroup&) { EXPECT_FALSE(g.capabilities().ordered_reduce); }},
       {"all_gather", [](Group& g, RecordingGroup&) { g.all_gather(buf, buf, 1, DType::u8); }},
-      {"all_gather_v", [](Group& g, RecordingGroup&) { g.all_gather_v(buf, 1, buf, counts, DType::u8); }},
-      {"all_reduce", [](Group& g, RecordingGroup&) { g.all_reduce(buf, 1, DType::f32, ReduceOp::sum); }},
+      {"all_gather_v",
+       [](Group& g, RecordingGroup&) { g.all_gather_v(buf, 1, buf, counts, DType::u8); }},
+      {"all_reduce",
+       [](Group& g, RecordingGroup&) { g.all_reduce(buf, 1, DType::f32, ReduceOp::sum); }},
       {"reduce_scatter",
-       [](Group& g, RecordingGroup&) { g.reduce_scatter(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf), 1); }},
+       [](Group& g, RecordingGroup&) {
+         g.reduce_scatter(reinterpret_cast<float*>(buf), reinterpret_cast<float*>(buf), 1);
+       }},
       {"all_to_all", [](Group& g, RecordingGroup&) { g.all_to_all(buf, buf, 1, DType::u8); }},
-      {"all_to_all_v", [](Group& g, RecordingGroup&) { g.all_to_all_v(buf, counts, buf, counts, DType::u8); }},
-      {"all_to_all_v_rows", [](Group& g, RecordingGroup&) { g.all_to_all_v_rows(buf, 4, rows, offsets, buf, counts); }},
+      {"all_to_all_v",
+       [](Group& g, RecordingGroup&) { g.all_to_all_v(buf, counts, buf, counts, DType::u8); }},
+      {"all_to_all_v_rows",
+       [](Group& g, RecordingGroup&) { g.all_to_all_v_rows(buf, 4, rows, offsets, buf, counts); }},
       {"broadcast", [](Group& g, RecordingGroup&) { g.broadcast(buf, 1, DType::u8, 0); }},
       {"barrier", [](Group& g, RecordingGroup&) { g.barrier(); }},
-      {"peer_memory", [](Group& g, RecordingGroup&) { EXPECT_EQ(g.peer_memory(), PeerMemory::address_space); }},
+      {"peer_memory",
+       [](Group& g, RecordingGroup&) { EXPECT_EQ(g.peer_memory(), PeerMemory::address_space); }},
       {"expose",
        [](Group& g, RecordingGroup& r) {
          std::vector<const std::byte*> peers;
@@ -90,7 +103,8 @@ std::vector<Call> every_virtual() {
          g.expose(std::span(&region, 1), peers);
          EXPECT_EQ(peers, std::vector<const std::byte*>(2, r.staging));
        }},
-      {"expose_staging", [](Group& g, RecordingGroup& r) { EXPECT_EQ(g.expose_staging(8), r.staging); }},
+      {"expose_staging",
+       [](Group& g, RecordingGroup& r) { EXPECT_EQ(g.expose_staging(8), r.staging); }},
   };
 }
 
@@ -155,7 +169,8 @@ TEST(FaultyGroup, OffersNoPeerMemory) {
     std::byte b[8]{};
     const std::span<const std::byte> region(b, 8);
     EXPECT_THROW(g->expose(std::span(&region, 1), peers), Error);
-    for (const std::string& c : inner.calls) EXPECT_TRUE(c == "backend" || c == "rank" || c == "size") << c;
+    for (const std::string& c : inner.calls)
+      EXPECT_TRUE(c == "backend" || c == "rank" || c == "size") << c;
   }
 }
 
@@ -174,8 +189,11 @@ TEST(FaultyGroup, RowsExchangeGoesThroughTheFaultWhereAllToAllVIsBroken) {
     const size_t recv_rows[2] = {1, 1};
     inner.calls.clear();
     g->all_to_all_v_rows(buf, 4, rows, offsets, buf + 8, recv_rows);
-    std::erase_if(inner.calls, [](const std::string& c) { return c == "rank" || c == "size" || c == "backend"; });
-    EXPECT_EQ(inner.calls, std::vector<std::string>{breaks_v ? "all_to_all_v" : "all_to_all_v_rows"});
+    std::erase_if(inner.calls, [](const std::string& c) {
+      return c == "rank" || c == "size" || c == "backend";
+    });
+    EXPECT_EQ(inner.calls,
+              std::vector<std::string>{breaks_v ? "all_to_all_v" : "all_to_all_v_rows"});
   }
 }
 
@@ -187,11 +205,13 @@ TEST(FaultyGroup, ForwardsCollectives) {
   std::unique_ptr<Group> g = comm::make_faulty_group(std::move(owned), "int32-ag-corrupt", 1.0);
   for (const Call& c : every_virtual()) {
     const std::string name = c.name;
-    if (name == "peer_memory" || name == "expose" || name == "expose_staging" || name == "backend") continue;
+    if (name == "peer_memory" || name == "expose" || name == "expose_staging" || name == "backend")
+      continue;
     SCOPED_TRACE(name);
     inner.calls.clear();
     c.invoke(*g, inner);
-    std::erase_if(inner.calls, [&](const std::string& s) { return s != name && (s == "rank" || s == "size"); });
+    std::erase_if(inner.calls,
+                  [&](const std::string& s) { return s != name && (s == "rank" || s == "size"); });
     EXPECT_EQ(inner.calls, std::vector<std::string>{name});
   }
 }

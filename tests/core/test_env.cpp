@@ -61,10 +61,14 @@ TEST(Env, DefaultsWhenNothingIsSet) {
 TEST(Env, DocumentedDefaultsAreTheParsersDefaults) {
   const Knobs k = parse({});
   const std::map<std::string, std::string> got = {
-      {"DEEPINFER_COMM", k.comm},           {"DEEPINFER_EP_ALGO", k.ep_algo},
-      {"DEEPINFER_EP_AG_ROWS", k.ep_ag_rows}, {"DEEPINFER_EP_REDUCE", k.ep_reduce},
-      {"DEEPINFER_EP_COMBINE", k.ep_combine}, {"DEEPINFER_EP_PEER_MEMORY", k.ep_peer_memory},
-      {"DEEPINFER_KERNELS", k.kernels},     {"DEEPINFER_LOG", k.log_level},
+      {"DEEPINFER_COMM", k.comm},
+      {"DEEPINFER_EP_ALGO", k.ep_algo},
+      {"DEEPINFER_EP_AG_ROWS", k.ep_ag_rows},
+      {"DEEPINFER_EP_REDUCE", k.ep_reduce},
+      {"DEEPINFER_EP_COMBINE", k.ep_combine},
+      {"DEEPINFER_EP_PEER_MEMORY", k.ep_peer_memory},
+      {"DEEPINFER_KERNELS", k.kernels},
+      {"DEEPINFER_LOG", k.log_level},
       {"DEEPINFER_DECODE_LAYOUT", k.decode_layout ? "on" : "off"},
       {"DEEPINFER_PIN_RANKS", k.pin_ranks ? "on" : "off"}};
   for (const KnobDoc& d : knob_docs()) {
@@ -89,7 +93,9 @@ TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
   };
   for (const KnobDoc& d : knob_docs()) {
     const auto it = expected.find(d.name);
-    EXPECT_EQ(knob_choices(d.name), it == expected.end() ? std::vector<std::string_view>{} : it->second) << d.name;
+    EXPECT_EQ(knob_choices(d.name),
+              it == expected.end() ? std::vector<std::string_view>{} : it->second)
+        << d.name;
   }
   EXPECT_EQ(parse({{"DEEPINFER_COMM", "mpi"}}).comm, "mpi");
   EXPECT_EQ(parse({{"DEEPINFER_EP_ALGO", "ag"}}).ep_algo, "ag");
@@ -134,9 +140,10 @@ TEST(Env, FaultKnobHasTheKernelForm) {
   EXPECT_EQ(f.op, "gemm_fp8_grouped_masked");
   EXPECT_EQ(f.call, 12u);
   EXPECT_EQ(parse({{"DEEPINFER_FAULT", "kernel:rms_norm:0"}}).fault, "kernel:rms_norm:0");
-  for (const std::string bad : {"garbage", "kernel", "kernel:", "kernel:rms_norm", "kernel:rms_norm:", "kernel::3",
-                                "kernel:rms_norm:-1", "kernel:rms_norm:x", "kernel:rms_norm:1.5", "comm:drop:3",
-                                "a2av-hang", "KERNEL:rms_norm:3", "kernel:rms_norm:99999999999999999999"}) {
+  for (const std::string bad :
+       {"garbage", "kernel", "kernel:", "kernel:rms_norm", "kernel:rms_norm:", "kernel::3",
+        "kernel:rms_norm:-1", "kernel:rms_norm:x", "kernel:rms_norm:1.5", "comm:drop:3",
+        "a2av-hang", "KERNEL:rms_norm:3", "kernel:rms_norm:99999999999999999999"}) {
     const std::string msg = parse_error({{"DEEPINFER_FAULT", bad}});
     EXPECT_EQ(msg.rfind("DEEPINFER_FAULT='" + bad + "' is not valid", 0), 0u) << msg;
     EXPECT_NE(msg.find("kernel:<op>:<call>"), std::string::npos) << msg;

@@ -18,7 +18,9 @@ class CountingGroup final : public GroupDecorator {
   std::map<std::string, int> calls;
 
   // The calls of the data-moving collectives that exchange between all pairs of ranks.
-  int all_to_alls() { return calls["all_to_all"] + calls["all_to_all_v"] + calls["all_to_all_v_rows"]; }
+  int all_to_alls() {
+    return calls["all_to_all"] + calls["all_to_all_v"] + calls["all_to_all_v_rows"];
+  }
 
   std::string backend() const override { return "counting/" + inner().backend(); }
   void all_gather(const void* s, void* r, size_t n, DType t) override {
@@ -46,8 +48,9 @@ class CountingGroup final : public GroupDecorator {
     ++calls["all_to_all_v"];
     GroupDecorator::all_to_all_v(s, sc, r, rc, t);
   }
-  void all_to_all_v_rows(const void* b, size_t rb, std::span<const int64_t> rows, std::span<const int64_t> off,
-                         void* r, std::span<const size_t> rr) override {
+  void all_to_all_v_rows(const void* b, size_t rb, std::span<const int64_t> rows,
+                         std::span<const int64_t> off, void* r,
+                         std::span<const size_t> rr) override {
     ++calls["all_to_all_v_rows"];
     GroupDecorator::all_to_all_v_rows(b, rb, rows, off, r, rr);
   }
@@ -83,9 +86,10 @@ class NoA2avGroup final : public GroupDecorator {
   void all_to_all_v(const void*, std::span<const size_t>, void*, std::span<const size_t>, DType) override {
     throw Error("NoA2avGroup: all_to_all_v called although capabilities() distrust it");
   }
-  void all_to_all_v_rows(const void*, size_t, std::span<const int64_t>, std::span<const int64_t>, void*,
-                         std::span<const size_t>) override {
-    throw Error("NoA2avGroup: all_to_all_v_rows called although capabilities() distrust all_to_all_v");
+  void all_to_all_v_rows(const void*, size_t, std::span<const int64_t>, std::span<const int64_t>,
+                         void*, std::span<const size_t>) override {
+    throw Error(
+        "NoA2avGroup: all_to_all_v_rows called although capabilities() distrust all_to_all_v");
   }
 };
 

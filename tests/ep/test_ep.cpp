@@ -267,7 +267,8 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
         SCOPED_TRACE(fmt::format("peer_memory={} combine={} expand={}", peer_memory, to_string(cm), expand));
         // a2a's combine gathers and reduce-scatters nothing; in place it exchanges nothing either.
         EXPECT_EQ(calls["all_gather"] + calls["all_gather_v"] + calls["reduce_scatter"], 0);
-        const int all_to_alls = calls["all_to_all"] + calls["all_to_all_v"] + calls["all_to_all_v_rows"];
+        const int all_to_alls =
+            calls["all_to_all"] + calls["all_to_all_v"] + calls["all_to_all_v_rows"];
         if (peer_memory) {
           EXPECT_EQ(all_to_alls, 0);
           EXPECT_GT(calls["expose"], 0);
@@ -339,7 +340,8 @@ TEST(EpAllToAll, SmallAndLargeCallsPickTheirLowerings) {
       });
       const bool large = hidden > 160, direct = large && pm == EpPeerMemory::automatic;
       SCOPED_TRACE(fmt::format("hidden {} peer_memory {}", hidden, to_string(pm)));
-      const int all_to_alls = calls["all_to_all"] + calls["all_to_all_v"] + calls["all_to_all_v_rows"];
+      const int all_to_alls =
+          calls["all_to_all"] + calls["all_to_all_v"] + calls["all_to_all_v_rows"];
       EXPECT_EQ(calls["reduce_scatter"], 0);
       if (direct) {
         EXPECT_GT(calls["expose"], 0);

@@ -224,8 +224,9 @@ TEST(Registry, BadFaultSpecIsAClearError) {
 TEST(Registry, OpNamesAreTheOpsNames) {
   std::set<std::string_view> names(op_names().begin(), op_names().end());
   EXPECT_EQ(names.size(), op_names().size()) << "a name listed twice";
-  for (const char* op : {OpSpec<GemmFp8Params>::name, OpSpec<RmsNormParams>::name, OpSpec<SamplingParams>::name,
-                         OpSpec<MlaDecodeParams>::name, OpSpec<SwigluParams>::name})
+  for (const char* op :
+       {OpSpec<GemmFp8Params>::name, OpSpec<RmsNormParams>::name, OpSpec<SamplingParams>::name,
+        OpSpec<MlaDecodeParams>::name, OpSpec<SwigluParams>::name})
     EXPECT_EQ(names.count(op), 1u) << op;
   EXPECT_EQ(names.count("test_fake"), 0u);
 }

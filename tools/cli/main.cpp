@@ -1,13 +1,12 @@
 // The `deepinfer` command: check, bench, generate, diff. Commands register themselves
 // (command.h); this file only builds the CLI11 tree and runs the chosen one.
-#include "command.h"
-
 #include <deepinfer/error.h>
 #include <deepinfer/tensor.h>
 
 #include <cstdio>
 #include <map>
 
+#include "command.h"
 #include "core/env.h"
 #include "kernels/registry.h"
 

@@ -72,9 +72,14 @@ int32_t through_float(int32_t v) {
 class FaultyGroup final : public GroupDecorator {
  public:
   FaultyGroup(std::unique_ptr<Group> inner, std::string name, double timeout_s)
-      : GroupDecorator(std::move(inner)), name_(std::move(name)), fault_(parse_fault(name_)), timeout_s_(timeout_s) {}
+      : GroupDecorator(std::move(inner)),
+        name_(std::move(name)),
+        fault_(parse_fault(name_)),
+        timeout_s_(timeout_s) {}
 
-  std::string backend() const override { return fmt::format("faulty({})/{}", name_, inner().backend()); }
+  std::string backend() const override {
+    return fmt::format("faulty({})/{}", name_, inner().backend());
+  }
   Capabilities capabilities() const override {
     Capabilities c = inner().capabilities();
     if (breaks_all_to_all_v()) c.all_to_all_v = false;
@@ -124,7 +129,8 @@ class FaultyGroup final : public GroupDecorator {
   // The same exchange as all_to_all_v: where the fault breaks all_to_all_v it breaks this too
   // (Group's default packs the rows and calls this->all_to_all_v); else the inner group's own.
   void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
-                         std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override {
+                         std::span<const int64_t> offsets, void* recv,
+                         std::span<const size_t> recv_rows) override {
     if (breaks_all_to_all_v()) {
       Group::all_to_all_v_rows(base, row_bytes, rows, offsets, recv, recv_rows);
       return;
@@ -143,13 +149,16 @@ class FaultyGroup final : public GroupDecorator {
 
   // No peer memory whatever the inner group has: a peer read would bypass the broken collectives.
   PeerMemory peer_memory() const override { return PeerMemory::none; }
-  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
+  void expose(std::span<const std::span<const std::byte>> regions,
+              std::vector<const std::byte*>& peers) override {
     Group::expose(regions, peers);  // throws: no peer memory
   }
   std::byte* expose_staging(size_t) override { return nullptr; }
 
  private:
-  bool breaks_all_to_all_v() const { return fault_ == Fault::a2av_hang || fault_ == Fault::a2a_diverge; }
+  bool breaks_all_to_all_v() const {
+    return fault_ == Fault::a2av_hang || fault_ == Fault::a2a_diverge;
+  }
 
   // Counts calls and fires `rank-exit`.
   void enter(OpKind op) {
