@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace deepinfer {
 
@@ -89,6 +90,9 @@ class Group {
 };
 
 enum class CommKind : uint8_t { local, mpi };
+std::string_view to_string(CommKind);  // "local", "mpi"
+// The DEEPINFER_COMM knob (read once per process; an invalid value throws, naming it).
+CommKind comm_kind_from_knobs();
 
 struct LaunchOptions {
   CommKind comm = CommKind::local;

@@ -21,12 +21,28 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
-// The knob enums (EpAlgo, AgRows, EpReduce, CombineMode) and knobs() for the defaults.
-#include "core/env.h"
-
 namespace deepinfer {
+
+// The dispatch/combine algorithm: all-gather, all-to-all, or chosen from the group's capabilities.
+enum class EpAlgo : uint8_t { ag, a2a, automatic };
+// ag's dispatch row count: the max over ranks, or the fixed capacity M.
+enum class AgRows : uint8_t { max, cap };
+// ag's combine collective: reduce-scatter or all-reduce.
+enum class EpReduce : uint8_t { rs, ar };
+// exact = bit-identical to a single rank; fast = the backend's reduction order.
+enum class CombineMode : uint8_t { exact, fast };
+// a2a's direct lowering (peer memory): never, always, or where the call moves enough bytes.
+enum class EpPeerMemory : uint8_t { off, on, automatic };
+
+// The words of the DEEPINFER_EP_* knobs ("auto" for automatic).
+std::string_view to_string(EpAlgo);
+std::string_view to_string(AgRows);
+std::string_view to_string(EpReduce);
+std::string_view to_string(CombineMode);
+std::string_view to_string(EpPeerMemory);
 
 enum class DispatchDType : uint8_t { bf16, fp8 };  // fp8 = e4m3 + fp32 scales [T, ceil(H/128)]
 
@@ -35,8 +51,9 @@ constexpr int kEpMaxTopk = 32;      // DeepEP's limit on K
 constexpr size_t kEpDirectMinBytes = size_t(256) << 10;  // EPConfig::peer_memory = automatic
 constexpr int kEpMaxLocalExperts = 1024;
 
-// EPBuffer configuration. Each algorithm/combine field defaults to its DEEPINFER_* knob; all can
-// be set explicitly. validate() names the bad field.
+// EPBuffer configuration. The algorithm/combine fields default to the DEEPINFER_EP_* knobs'
+// defaults; from_knobs() takes them from the process environment instead. validate() names the
+// bad field.
 struct EPConfig {
   int num_experts = 0;              // E, E % W == 0
   int hidden = 0;                   // H
@@ -45,19 +62,23 @@ struct EPConfig {
   DispatchDType dispatch_dtype = DispatchDType::bf16;
   int expert_alignment = 1;  // per-expert segment alignment (counts and expand layout)
   bool expand = false;       // one received row per (token, local expert), grouped-GEMM layout
-  EpAlgo algo = knobs().ep_algo;
-  CombineMode combine = knobs().ep_combine;
-  AgRows ag_rows = knobs().ep_ag_rows;
-  EpReduce reduce = knobs().ep_reduce;
+  EpAlgo algo = EpAlgo::automatic;           // DEEPINFER_EP_ALGO
+  CombineMode combine = CombineMode::exact;  // DEEPINFER_EP_COMBINE
+  AgRows ag_rows = AgRows::max;              // DEEPINFER_EP_AG_ROWS
+  EpReduce reduce = EpReduce::rs;            // DEEPINFER_EP_REDUCE
   // Largest temporary of one ag combine collective; a chunk holds at least one token row per
   // rank, so W·cols·4 bytes (cols = K·H + K exact, H + K fast) is the floor.
-  size_t chunk_bytes = knobs().ep_chunk_bytes;
+  size_t chunk_bytes = size_t(64) << 20;  // DEEPINFER_EP_CHUNK_BYTES
   // a2a on a group with peer memory (Group::peer_memory): combine reads the peers' expert
   // outputs in place and, where the ranks share one address space, dispatch reads received rows
   // where their sources hold them (the "direct" lowering); else records and partials go through
   // the exchange. Same bits either way. `automatic`: direct once a call moves kEpDirectMinBytes
   // per rank on average (below, the exchange's fewer collective rounds win: a decode step).
-  EpPeerMemory peer_memory = knobs().ep_peer_memory;
+  EpPeerMemory peer_memory = EpPeerMemory::automatic;  // DEEPINFER_EP_PEER_MEMORY
+
+  // The defaults with algo, combine, ag_rows, reduce, chunk_bytes and peer_memory from the
+  // DEEPINFER_EP_* knobs (read once per process; an invalid one throws, naming it).
+  static EPConfig from_knobs();
 
   int scale_cols() const { return dispatch_dtype == DispatchDType::fp8 ? (hidden + kEpScaleBlock - 1) / kEpScaleBlock : 0; }
   // Throws Error naming the field. world = group size.

@@ -51,3 +51,20 @@ text=$("$DEEPINFER" generate --model "$MODEL" \
 echo "$text"
 # The reference's greedy continuation of this prompt (models/tiny/README.md).
 grep -q "software and other kinds of works" <<<"$text" || { echo "generate: unexpected continuation"; exit 1; }
+
+# Knobs reach the model through ModelOptions::from_knobs (EPConfig's own defaults are constants).
+echo "--- generate under DEEPINFER_EP_ALGO=ag DEEPINFER_EP_PEER_MEMORY=off: the model's EPBuffer takes them"
+log=$(DEEPINFER_LOG=debug DEEPINFER_EP_ALGO=ag DEEPINFER_EP_PEER_MEMORY=off "$DEEPINFER" generate --model "$MODEL" \
+  --prompt "The GNU" --max-tokens 2 --ep 2 2>&1)
+grep -q "algo=ag .*peer_memory=off -> algorithm ag" <<<"$log" || { echo "generate: the EP knobs were not applied"; exit 1; }
+
+# DEEPINFER_FAULT is validated at startup: a bad form or an unknown kernel op is an error naming it.
+for f in garbage kernel:nosuchop:0 kernel:rms_norm:x; do
+  echo "--- generate with DEEPINFER_FAULT=$f fails at startup"
+  if out=$(DEEPINFER_FAULT=$f "$DEEPINFER" generate --model "$MODEL" --prompt "The GNU" --max-tokens 1 2>&1); then
+    echo "generate accepted DEEPINFER_FAULT=$f"; exit 1
+  fi
+  echo "$out" | tail -1
+  grep -qF "DEEPINFER_FAULT='$f' is not valid" <<<"$out" && grep -qF "kernel:<op>:<call>" <<<"$out" ||
+    { echo "generate: no clear DEEPINFER_FAULT error"; exit 1; }
+done

@@ -23,5 +23,11 @@ for f in a2av-hang a2a-diverge; do
   "$DEEPINFER" check ep --comm local --world 8 --algo auto --fault "$f" --timeout 20 | tail -3
   "$DEEPINFER" check ep --comm local --world 8 --algo a2a --fault "$f" --timeout 20 | tail -3
 done
+# The DEEPINFER_EP_* knobs reach the matrix's configs (EPConfig::from_knobs in the CLI).
+echo "--- check ep local W=2 algo=a2a under DEEPINFER_EP_PEER_MEMORY=off DEEPINFER_EP_CHUNK_BYTES=8K"
+log=$(DEEPINFER_LOG=debug DEEPINFER_EP_PEER_MEMORY=off DEEPINFER_EP_CHUNK_BYTES=8K "$DEEPINFER" check ep --comm local \
+  --world 2 --algo a2a 2>&1)
+echo "$log" | tail -1
+grep -q "chunk=8192 peer_memory=off -> algorithm a2a" <<<"$log" || { echo "check ep: the EP knobs were not applied"; exit 1; }
 echo "--- check ep mpi W=4 fault=a2av-hang"
 mpirun --oversubscribe -np 4 "$DEEPINFER" check ep --comm mpi --world 4 --algo auto --fault a2av-hang --timeout 20 | tail -3

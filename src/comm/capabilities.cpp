@@ -3,55 +3,20 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/group_decorator.h"
 #include "core/log.h"
 
 namespace deepinfer {
 namespace {
 
-class CapabilitiesOverride final : public Group {
+// Reports the file's capabilities; everything else is the inner group's.
+class CapabilitiesOverride final : public GroupDecorator {
  public:
   CapabilitiesOverride(std::unique_ptr<Group> inner, Capabilities caps)
-      : inner_(std::move(inner)), caps_(caps) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string backend() const override { return inner_->backend(); }
+      : GroupDecorator(std::move(inner)), caps_(caps) {}
   Capabilities capabilities() const override { return caps_; }
-  void all_gather(const void* s, void* r, size_t c, DType t) override {
-    inner_->all_gather(s, r, c, t);
-  }
-  void all_gather_v(const void* s, size_t sc, void* r, std::span<const size_t> rc,
-                    DType t) override {
-    inner_->all_gather_v(s, sc, r, rc, t);
-  }
-  void all_reduce(void* b, size_t c, DType t, ReduceOp op) override {
-    inner_->all_reduce(b, c, t, op);
-  }
-  void reduce_scatter(const float* s, float* r, size_t c) override {
-    inner_->reduce_scatter(s, r, c);
-  }
-  void all_to_all(const void* s, void* r, size_t c, DType t) override {
-    inner_->all_to_all(s, r, c, t);
-  }
-  void all_to_all_v(const void* s, std::span<const size_t> sc, void* r, std::span<const size_t> rc,
-                    DType t) override {
-    inner_->all_to_all_v(s, sc, r, rc, t);
-  }
-  void all_to_all_v_rows(const void* b, size_t rb, std::span<const int64_t> rows, std::span<const int64_t> off,
-                         void* r, std::span<const size_t> rr) override {
-    inner_->all_to_all_v_rows(b, rb, rows, off, r, rr);
-  }
-  void broadcast(void* b, size_t c, DType t, int root) override {
-    inner_->broadcast(b, c, t, root);
-  }
-  void barrier() override { inner_->barrier(); }
-  PeerMemory peer_memory() const override { return inner_->peer_memory(); }
-  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
-    inner_->expose(regions, peers);
-  }
-  std::byte* expose_staging(size_t bytes) override { return inner_->expose_staging(bytes); }
 
  private:
-  std::unique_ptr<Group> inner_;
   Capabilities caps_;
 };
 

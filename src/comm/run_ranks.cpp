@@ -132,6 +132,17 @@ void run_mpi(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
 
 }  // namespace
 
+std::string_view to_string(CommKind v) { return v == CommKind::local ? "local" : "mpi"; }
+
+CommKind comm_kind_from_knobs() {
+  const std::string& w = knobs().comm;
+  for (CommKind k : {CommKind::local, CommKind::mpi})
+    if (to_string(k) == w) return k;
+  DI_FAIL(
+      "DEEPINFER_COMM='{}' names no backend (internal: the knob's allowed words and comm disagree)",
+      w);
+}
+
 void run_ranks(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
   switch (opts.comm) {
     case CommKind::local:

@@ -31,16 +31,24 @@ constexpr std::array<KnobDoc, 15> kKnobDocs{{
     {"DEEPINFER_EP_COMBINE", "exact, fast", "exact",
      "combine order: `exact` = bit-identical to single rank, `fast` = backend reduction order"},
     {"DEEPINFER_EP_PEER_MEMORY", "auto, on, off", "auto",
-     "a2a where the ranks share memory (local, or mpi on one host): combine (and on local dispatch) reads the peers' buffers in place instead of exchanging them; auto: once a call moves >= 256 KiB per rank"},
+     "a2a where the ranks share memory (local, or mpi on one host): combine (and on local "
+     "dispatch) reads the peers' buffers in place instead of exchanging them; auto: once a call "
+     "moves >= 256 KiB per rank"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
-     "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that decode and prefill GEMMs read"},
-    {"DEEPINFER_THREADS", "integer >= 0", "0", "kernel (and EP combine) threads per process, split between local rank threads; 0 = all hardware threads (mpi: / ranks on the host)"},
+     "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
+     "decode and prefill GEMMs read"},
+    {"DEEPINFER_THREADS", "integer >= 0", "0",
+     "kernel (and EP combine) threads per process, split between local rank threads; 0 = all "
+     "hardware threads (mpi: / ranks on the host)"},
     {"DEEPINFER_PIN_RANKS", "on, off", "on",
-     "local: each rank thread (and its kernel pool) runs on its own share of the CPUs the process may use, where there are at least as many CPUs as ranks; off: the OS places them (for CPUs shared with other busy processes)"},
-    {"DEEPINFER_FAULT", "fault name (see `deepinfer check collectives --help`)", "(none)",
-     "inject a named fault, for testing error paths"},
+     "local: each rank thread (and its kernel pool) runs on its own share of the CPUs the process "
+     "may use, where there are at least as many CPUs as ranks; off: the OS places them (for CPUs "
+     "shared with other busy processes)"},
+    {"DEEPINFER_FAULT", "kernel:<op>:<call>, op a kernel op name, call an integer >= 0", "(none)",
+     "perturb the first output of call number <call> (from 0, per thread) of kernel op <op> on the "
+     "cpu backend, to test `deepinfer diff` (collective faults: `check collectives --fault`)"},
     {"DEEPINFER_CAPABILITIES", "file path", "(none)",
      "collective capabilities file written by `deepinfer check collectives --save-capabilities`"},
     {"DEEPINFER_LOG", "debug, info, warn, error", "info", "lowest log level printed"},
@@ -48,10 +56,15 @@ constexpr std::array<KnobDoc, 15> kKnobDocs{{
 
 constexpr std::string_view kPrefix = "DEEPINFER_";
 
-std::string allowed_of(std::string_view name) {
+std::string_view allowed_of_doc(std::string_view name) {
   for (const KnobDoc& d : kKnobDocs)
     if (name == d.name) return d.allowed;
-  return "?";
+  return {};
+}
+
+std::string allowed_of(std::string_view name) {
+  const std::string_view a = allowed_of_doc(name);
+  return a.empty() ? "?" : std::string(a);
 }
 
 [[noreturn]] void invalid(std::string_view name, std::string_view value,
@@ -60,12 +73,15 @@ std::string allowed_of(std::string_view name) {
           why.empty() ? std::string() : fmt::format(" ({})", why), allowed_of(name));
 }
 
-template <class E, size_t N>
-E parse_enum(std::string_view name, const std::string& value,
-             const std::array<std::pair<std::string_view, E>, N>& table) {
-  for (const auto& [word, e] : table)
-    if (value == word) return e;
+// One of the knob's words (knob_choices), else a startup error listing them.
+std::string parse_choice(std::string_view name, const std::string& value) {
+  for (std::string_view word : knob_choices(name))
+    if (value == word) return value;
   invalid(name, value);
+}
+
+bool parse_on_off(std::string_view name, const std::string& value) {
+  return parse_choice(name, value) == "on";
 }
 
 // Integer with an optional binary suffix K, M or G (case-insensitive), e.g. "64M".
@@ -138,53 +154,36 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
     if (v && v->empty()) return std::nullopt;
     return v;
   };
-  if (auto v = get("DEEPINFER_COMM"))
-    k.comm = parse_enum<CommKind, 2>("DEEPINFER_COMM", *v,
-                                     {{{"local", CommKind::local}, {"mpi", CommKind::mpi}}});
+  if (auto v = get("DEEPINFER_COMM")) k.comm = parse_choice("DEEPINFER_COMM", *v);
   if (auto v = get("DEEPINFER_COMM_TIMEOUT_S"))
     k.comm_timeout_s = parse_positive("DEEPINFER_COMM_TIMEOUT_S", *v);
-  if (auto v = get("DEEPINFER_EP_ALGO"))
-    k.ep_algo = parse_enum<EpAlgo, 3>(
-        "DEEPINFER_EP_ALGO", *v,
-        {{{"ag", EpAlgo::ag}, {"a2a", EpAlgo::a2a}, {"auto", EpAlgo::automatic}}});
-  if (auto v = get("DEEPINFER_EP_AG_ROWS"))
-    k.ep_ag_rows = parse_enum<AgRows, 2>("DEEPINFER_EP_AG_ROWS", *v,
-                                         {{{"max", AgRows::max}, {"cap", AgRows::cap}}});
-  if (auto v = get("DEEPINFER_EP_REDUCE"))
-    k.ep_reduce = parse_enum<EpReduce, 2>("DEEPINFER_EP_REDUCE", *v,
-                                          {{{"rs", EpReduce::rs}, {"ar", EpReduce::ar}}});
+  if (auto v = get("DEEPINFER_EP_ALGO")) k.ep_algo = parse_choice("DEEPINFER_EP_ALGO", *v);
+  if (auto v = get("DEEPINFER_EP_AG_ROWS")) k.ep_ag_rows = parse_choice("DEEPINFER_EP_AG_ROWS", *v);
+  if (auto v = get("DEEPINFER_EP_REDUCE")) k.ep_reduce = parse_choice("DEEPINFER_EP_REDUCE", *v);
   if (auto v = get("DEEPINFER_EP_CHUNK_BYTES")) {
     const uint64_t b = parse_size("DEEPINFER_EP_CHUNK_BYTES", *v);
     if (b < 4096) invalid("DEEPINFER_EP_CHUNK_BYTES", *v, "below the minimum 4096");
     k.ep_chunk_bytes = size_t(b);
   }
-  if (auto v = get("DEEPINFER_EP_COMBINE"))
-    k.ep_combine = parse_enum<CombineMode, 2>(
-        "DEEPINFER_EP_COMBINE", *v, {{{"exact", CombineMode::exact}, {"fast", CombineMode::fast}}});
+  if (auto v = get("DEEPINFER_EP_COMBINE")) k.ep_combine = parse_choice("DEEPINFER_EP_COMBINE", *v);
   if (auto v = get("DEEPINFER_EP_PEER_MEMORY"))
-    k.ep_peer_memory = parse_enum<EpPeerMemory, 3>(
-        "DEEPINFER_EP_PEER_MEMORY", *v,
-        {{{"on", EpPeerMemory::on}, {"off", EpPeerMemory::off}, {"auto", EpPeerMemory::automatic}}});
-  if (auto v = get("DEEPINFER_KERNELS"))
-    k.kernels = parse_enum<KernelBackend, 2>(
-        "DEEPINFER_KERNELS", *v, {{{"host", KernelBackend::host}, {"cpu", KernelBackend::cpu}}});
+    k.ep_peer_memory = parse_choice("DEEPINFER_EP_PEER_MEMORY", *v);
+  if (auto v = get("DEEPINFER_KERNELS")) k.kernels = parse_choice("DEEPINFER_KERNELS", *v);
   if (auto v = get("DEEPINFER_DECODE_LAYOUT"))
-    k.decode_layout = parse_enum<bool, 2>("DEEPINFER_DECODE_LAYOUT", *v, {{{"on", true}, {"off", false}}});
+    k.decode_layout = parse_on_off("DEEPINFER_DECODE_LAYOUT", *v);
   if (auto v = get("DEEPINFER_THREADS")) {
     if (v->find_first_not_of("0123456789") != std::string::npos) invalid("DEEPINFER_THREADS", *v);
     const uint64_t t = parse_size("DEEPINFER_THREADS", *v);
     if (t > 4096) invalid("DEEPINFER_THREADS", *v, "more than 4096 threads");
     k.threads = int(t);
   }
-  if (auto v = get("DEEPINFER_PIN_RANKS"))
-    k.pin_ranks = parse_enum<bool, 2>("DEEPINFER_PIN_RANKS", *v, {{{"on", true}, {"off", false}}});
-  if (auto v = get("DEEPINFER_FAULT")) k.fault = *v;
-  if (auto v = get("DEEPINFER_CAPABILITIES")) k.capabilities_file = *v;
-  if (auto v = get("DEEPINFER_LOG")) {
-    if (*v != "debug" && *v != "info" && *v != "warn" && *v != "error")
-      invalid("DEEPINFER_LOG", *v);
-    k.log_level = *v;
+  if (auto v = get("DEEPINFER_PIN_RANKS")) k.pin_ranks = parse_on_off("DEEPINFER_PIN_RANKS", *v);
+  if (auto v = get("DEEPINFER_FAULT")) {
+    parse_fault_knob(*v);
+    k.fault = *v;
   }
+  if (auto v = get("DEEPINFER_CAPABILITIES")) k.capabilities_file = *v;
+  if (auto v = get("DEEPINFER_LOG")) k.log_level = parse_choice("DEEPINFER_LOG", *v);
   return k;
 }
 
@@ -237,24 +236,41 @@ void set_knobs(const Knobs& k) {
 
 std::span<const KnobDoc> knob_docs() { return kKnobDocs; }
 
-std::string_view to_string(EpAlgo v) {
-  switch (v) {
-    case EpAlgo::ag:
-      return "ag";
-    case EpAlgo::a2a:
-      return "a2a";
-    case EpAlgo::automatic:
-      return "auto";
+std::vector<std::string_view> knob_choices(std::string_view name) {
+  // The allowed column of a knob with a fixed set of values is its words, comma-separated.
+  std::vector<std::string_view> words;
+  const std::string_view allowed = allowed_of_doc(name);
+  size_t i = 0;
+  while (i < allowed.size()) {
+    size_t end = allowed.find(", ", i);
+    if (end == std::string_view::npos) end = allowed.size();
+    const std::string_view word = allowed.substr(i, end - i);
+    if (word.empty() ||
+        word.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") != std::string_view::npos)
+      return {};
+    words.push_back(word);
+    i = end + 2;
   }
-  return "?";
+  return words;
 }
-std::string_view to_string(CombineMode v) { return v == CombineMode::exact ? "exact" : "fast"; }
-std::string_view to_string(EpPeerMemory v) {
-  return v == EpPeerMemory::on ? "on" : v == EpPeerMemory::off ? "off" : "auto";
+
+FaultKnob parse_fault_knob(const std::string& value) {
+  constexpr std::string_view kName = "DEEPINFER_FAULT", kKernel = "kernel:";
+  const std::string_view v(value);
+  if (!v.starts_with(kKernel))
+    invalid(kName, value, "the only fault kind is kernel:<op>:<call>, e.g. kernel:rms_norm:3");
+  const std::string_view rest = v.substr(kKernel.size());
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0)
+    invalid(kName, value, "want kernel:<op>:<call>, e.g. kernel:rms_norm:3");
+  FaultKnob f;
+  f.op = std::string(rest.substr(0, colon));
+  const std::string_view call = rest.substr(colon + 1);
+  if (call.empty() || call.size() > 19 ||
+      call.find_first_not_of("0123456789") != std::string_view::npos)
+    invalid(kName, value, fmt::format("call '{}' is not an integer >= 0", call));
+  f.call = std::strtoull(std::string(call).c_str(), nullptr, 10);
+  return f;
 }
-std::string_view to_string(KernelBackend v) { return v == KernelBackend::host ? "host" : "cpu"; }
-std::string_view to_string(CommKind v) { return v == CommKind::local ? "local" : "mpi"; }
-std::string_view to_string(AgRows v) { return v == AgRows::max ? "max" : "cap"; }
-std::string_view to_string(EpReduce v) { return v == EpReduce::rs ? "rs" : "ar"; }
 
 }  // namespace deepinfer

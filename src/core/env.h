@@ -2,9 +2,8 @@
 // startup error naming the variable and its allowed values.
 #pragma once
 
-#include <deepinfer/comm.h>
-
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
@@ -14,28 +13,23 @@
 
 namespace deepinfer {
 
-enum class EpAlgo : uint8_t { ag, a2a, automatic };
-enum class AgRows : uint8_t { max, cap };
-enum class EpReduce : uint8_t { rs, ar };
-enum class CombineMode : uint8_t { exact, fast };
-// a2a's direct lowering (peer memory): never, always, or where the call moves enough bytes.
-enum class EpPeerMemory : uint8_t { off, on, automatic };
-enum class KernelBackend : uint8_t { host, cpu };
-
+// Core parses every knob and checks it against its allowed values; it knows no type of an upper
+// layer. A knob with a fixed set of words keeps the word, and the layer that owns the knob maps it
+// to its own enum once (EPConfig::from_knobs, comm_kind_from_knobs, kernels::backend_from_knobs).
 struct Knobs {
-  CommKind comm = CommKind::local;         // DEEPINFER_COMM
+  std::string comm = "local";              // DEEPINFER_COMM = local|mpi
   double comm_timeout_s = 60.0;            // DEEPINFER_COMM_TIMEOUT_S (> 0)
-  EpAlgo ep_algo = EpAlgo::automatic;      // DEEPINFER_EP_ALGO = ag|a2a|auto
-  AgRows ep_ag_rows = AgRows::max;         // DEEPINFER_EP_AG_ROWS = max|cap
-  EpReduce ep_reduce = EpReduce::rs;       // DEEPINFER_EP_REDUCE = rs|ar
+  std::string ep_algo = "auto";            // DEEPINFER_EP_ALGO = ag|a2a|auto
+  std::string ep_ag_rows = "max";          // DEEPINFER_EP_AG_ROWS = max|cap
+  std::string ep_reduce = "rs";            // DEEPINFER_EP_REDUCE = rs|ar
   size_t ep_chunk_bytes = 64ull << 20;     // DEEPINFER_EP_CHUNK_BYTES (>= 4096)
-  CombineMode ep_combine = CombineMode::exact;  // DEEPINFER_EP_COMBINE = exact|fast
-  EpPeerMemory ep_peer_memory = EpPeerMemory::automatic;  // DEEPINFER_EP_PEER_MEMORY = on|off|auto
-  KernelBackend kernels = KernelBackend::cpu;   // DEEPINFER_KERNELS = host|cpu
+  std::string ep_combine = "exact";        // DEEPINFER_EP_COMBINE = exact|fast
+  std::string ep_peer_memory = "auto";     // DEEPINFER_EP_PEER_MEMORY = on|off|auto
+  std::string kernels = "cpu";             // DEEPINFER_KERNELS = host|cpu
   bool decode_layout = true;               // DEEPINFER_DECODE_LAYOUT = on|off
   int threads = 0;                         // DEEPINFER_THREADS (0 = hardware threads)
   bool pin_ranks = true;                   // DEEPINFER_PIN_RANKS = on|off
-  std::string fault;                       // DEEPINFER_FAULT (e.g. kernel:<op>:<call>)
+  std::string fault;                       // DEEPINFER_FAULT = kernel:<op>:<call> (the op: kernels)
   std::string capabilities_file;           // DEEPINFER_CAPABILITIES
   std::string log_level = "info";          // DEEPINFER_LOG = debug|info|warn|error
 };
@@ -65,12 +59,16 @@ struct KnobDoc {
 };
 std::span<const KnobDoc> knob_docs();
 
-std::string_view to_string(EpAlgo);
-std::string_view to_string(CombineMode);
-std::string_view to_string(EpPeerMemory);
-std::string_view to_string(KernelBackend);
-std::string_view to_string(CommKind);
-std::string_view to_string(AgRows);
-std::string_view to_string(EpReduce);
+// The words a knob with a fixed set of values accepts, from its `allowed` column (e.g. {"ag",
+// "a2a", "auto"} for DEEPINFER_EP_ALGO); empty for a knob that takes a number, a path or a form.
+std::vector<std::string_view> knob_choices(std::string_view name);
+
+// A DEEPINFER_FAULT value split into its parts: kernel:<op>:<call>. Throws Error naming the knob,
+// the value and the form when it is not of that form (the op name is the kernels layer's to check).
+struct FaultKnob {
+  std::string op;
+  uint64_t call = 0;
+};
+FaultKnob parse_fault_knob(const std::string& value);
 
 }  // namespace deepinfer

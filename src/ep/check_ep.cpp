@@ -295,7 +295,7 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
   const bool prune = !opts.full && w > 4;
   const int keep_every = w >= 32 ? 8 : 4;
 
-  EPConfig base;
+  EPConfig base = opts.policy;
   base.num_experts = w * shape.local_experts;
   base.hidden = opts.hidden > 0 ? opts.hidden : shape.hidden;
   base.num_topk = shape.topk;

@@ -15,6 +15,9 @@
 namespace deepinfer::ep {
 
 struct CheckEpOptions {
+  // ag_rows, reduce, chunk_bytes and peer_memory of every case (the CLI passes
+  // EPConfig::from_knobs()); the matrix sets algo, combine and the other fields per case.
+  EPConfig policy;
   std::vector<EpAlgo> algos{EpAlgo::ag, EpAlgo::a2a, EpAlgo::automatic};
   std::vector<CombineMode> combines{CombineMode::exact, CombineMode::fast};
   uint64_t seed = 1;

@@ -1,9 +1,59 @@
-// EPConfig validation and the `auto` algorithm rule.
+// EPConfig validation, its knobs, the enums' words and the `auto` algorithm rule.
 #include <deepinfer/ep.h>
-
 #include <fmt/format.h>
 
+#include <array>
+
+#include "core/env.h"
+
 namespace deepinfer {
+namespace {
+
+// The enum value whose word is the (validated) knob value.
+template <class E, size_t N>
+E from_word(const char* knob, const std::string& word, const std::array<E, N>& all) {
+  for (E e : all)
+    if (to_string(e) == word) return e;
+  DI_FAIL(
+      "{}='{}' has no EP meaning (internal: the knob's allowed words and the ep layer disagree)",
+      knob, word);
+}
+
+}  // namespace
+
+std::string_view to_string(EpAlgo v) {
+  switch (v) {
+    case EpAlgo::ag:
+      return "ag";
+    case EpAlgo::a2a:
+      return "a2a";
+    case EpAlgo::automatic:
+      return "auto";
+  }
+  return "?";
+}
+std::string_view to_string(AgRows v) { return v == AgRows::max ? "max" : "cap"; }
+std::string_view to_string(EpReduce v) { return v == EpReduce::rs ? "rs" : "ar"; }
+std::string_view to_string(CombineMode v) { return v == CombineMode::exact ? "exact" : "fast"; }
+std::string_view to_string(EpPeerMemory v) {
+  return v == EpPeerMemory::on ? "on" : v == EpPeerMemory::off ? "off" : "auto";
+}
+
+EPConfig EPConfig::from_knobs() {
+  const Knobs& k = knobs();
+  EPConfig c;
+  c.algo = from_word("DEEPINFER_EP_ALGO", k.ep_algo,
+                     std::array{EpAlgo::ag, EpAlgo::a2a, EpAlgo::automatic});
+  c.combine = from_word("DEEPINFER_EP_COMBINE", k.ep_combine,
+                        std::array{CombineMode::exact, CombineMode::fast});
+  c.ag_rows = from_word("DEEPINFER_EP_AG_ROWS", k.ep_ag_rows, std::array{AgRows::max, AgRows::cap});
+  c.reduce = from_word("DEEPINFER_EP_REDUCE", k.ep_reduce, std::array{EpReduce::rs, EpReduce::ar});
+  c.chunk_bytes = k.ep_chunk_bytes;
+  c.peer_memory =
+      from_word("DEEPINFER_EP_PEER_MEMORY", k.ep_peer_memory,
+                std::array{EpPeerMemory::off, EpPeerMemory::on, EpPeerMemory::automatic});
+  return c;
+}
 
 void EPConfig::validate(int world) const {
   DI_CHECK(world >= 1, "EPConfig: group size must be >= 1, got {}", world);

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/env.h"
+#include "kernels/backend.h"
 
 namespace deepinfer::kernels {
 

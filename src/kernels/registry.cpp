@@ -1,7 +1,17 @@
 #include "kernels/registry.h"
 
+#include <array>
 #include <cstring>
 #include <string_view>
+
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+#include "kernels/quant.h"
+#include "kernels/rope.h"
+#include "kernels/router.h"
+#include "kernels/sampling.h"
+#include "kernels/swiglu.h"
 
 namespace deepinfer::kernels {
 
@@ -22,28 +32,55 @@ struct FaultSpec {
 };
 
 FaultSpec parse_fault(const std::string& s) {
-  FaultSpec f;
-  f.source = s;
-  constexpr std::string_view prefix = "kernel:";
-  if (s.compare(0, prefix.size(), prefix) != 0) return f;  // another layer's fault kind
-  const std::string rest = s.substr(prefix.size());
-  const size_t colon = rest.rfind(':');
-  DI_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < rest.size(),
-           "DEEPINFER_FAULT='{}' is not kernel:<op>:<call> (e.g. kernel:gemm_fp8:3)", s);
-  f.op = rest.substr(0, colon);
-  const std::string num = rest.substr(colon + 1);
-  char* end = nullptr;
-  f.call = std::strtoull(num.c_str(), &end, 10);
-  DI_CHECK(end && *end == '\0' && num.find_first_not_of("0123456789") == std::string::npos,
-           "DEEPINFER_FAULT='{}': call index '{}' is not a non-negative integer (form: kernel:<op>:<call>)", s, num);
-  f.armed = true;
-  return f;
+  const FaultKnob k = parse_fault_knob(s);
+  return {s, true, k.op, k.call};
 }
 }  // namespace
 
+KernelBackend backend_from_knobs() {
+  return knobs().kernels == "host" ? KernelBackend::host : KernelBackend::cpu;
+}
+
 KernelBackend current_backend() {
   if (t_backend_override >= 0) return KernelBackend(t_backend_override);
-  return knobs().kernels;
+  return backend_from_knobs();
+}
+
+std::span<const std::string_view> op_names() {
+  static constexpr std::array<std::string_view, 16> kNames{
+      OpSpec<QuantTokenParams>::name,
+      OpSpec<QuantBlockParams>::name,
+      OpSpec<DequantTokenParams>::name,
+      OpSpec<DequantBlockParams>::name,
+      OpSpec<GemmFp8Params>::name,
+      OpSpec<GemmFp8GroupedContiguousParams>::name,
+      OpSpec<GemmFp8GroupedMaskedParams>::name,
+      OpSpec<GemmBf16Params>::name,
+      OpSpec<RmsNormParams>::name,
+      OpSpec<ResidualAddParams>::name,
+      OpSpec<RopeParams>::name,
+      OpSpec<MlaPrefillParams>::name,
+      OpSpec<MlaDecodeParams>::name,
+      OpSpec<RouterParams>::name,
+      OpSpec<SamplingParams>::name,
+      OpSpec<SwigluParams>::name,
+  };
+  return kNames;
+}
+
+void check_fault_knob() {
+  const std::string& value = knobs().fault;
+  if (value.empty()) return;
+  const FaultKnob f = parse_fault_knob(value);
+  for (std::string_view op : op_names())
+    if (f.op == op) return;
+  std::string known;
+  for (std::string_view op : op_names())
+    known += fmt::format("{}{}", known.empty() ? "" : ", ", op);
+  DI_FAIL(
+      "DEEPINFER_FAULT='{}' is not valid: '{}' is not a kernel op; allowed values: "
+      "kernel:<op>:<call> with op one of {}",
+      value, f.op, known);
 }
 
 ScopedBackend::ScopedBackend(KernelBackend b) : saved_(t_backend_override) { t_backend_override = int(b); }
@@ -117,3 +154,7 @@ void apply_fault(const std::vector<BufferSlot>& slots) {
 }  // namespace detail
 
 }  // namespace deepinfer::kernels
+
+namespace deepinfer {
+std::string_view to_string(KernelBackend v) { return v == KernelBackend::host ? "host" : "cpu"; }
+}  // namespace deepinfer

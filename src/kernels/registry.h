@@ -27,19 +27,24 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "core/env.h"
 #include "core/thread_pool.h"
+#include "kernels/backend.h"
 #include "kernels/recorder.h"
 
 namespace deepinfer::kernels {
 
 // ---- backend selection -------------------------------------------------------------------------
 
-// The backend ops on this thread use: the innermost ScopedBackend, else knobs().kernels.
+// The DEEPINFER_KERNELS knob (read once per process).
+KernelBackend backend_from_knobs();
+// The backend ops on this thread use: the innermost ScopedBackend, else backend_from_knobs().
 KernelBackend current_backend();
 
 // Overrides the backend on this thread for the scope (the diff tool and tests use it).
@@ -147,6 +152,12 @@ P redirect_buffers(const P& p, const std::vector<void*>& ptrs) {
 uint64_t next_call_index(const char* op);
 // Restarts every op's count on this thread (a new forward pass, a new test).
 void reset_call_counters();
+
+// The name of every kernel op (OpSpec<P>::name), in no particular order.
+std::span<const std::string_view> op_names();
+// Throws Error naming DEEPINFER_FAULT, its value and the known op names when the fault names an
+// op that is not a kernel op (core checks the form). Called at startup, where kernels are set up.
+void check_fault_knob();
 
 // True when DEEPINFER_FAULT=kernel:<op>:<call> names this op and call index. The fault applies to
 // the `cpu` backend only (the reference stays clean so the diff tool can find it). Other fault

@@ -126,7 +126,7 @@ struct DeepseekModel::Impl {
       const auto& L = w->layers[size_t(first_moe)];
       DI_CHECK(!L.experts.empty(), "rank {} holds no routed experts", group.rank());
       fp8_experts = L.experts[0].gate.fp8();
-      EPConfig ec;
+      EPConfig ec = opts.ep;
       ec.num_experts = int(cfg.n_routed_experts);
       ec.hidden = int(cfg.hidden_size);
       ec.num_topk = int(cfg.num_experts_per_tok);
@@ -134,8 +134,6 @@ struct DeepseekModel::Impl {
       ec.dispatch_dtype = fp8_experts ? DispatchDType::fp8 : DispatchDType::bf16;
       ec.expert_alignment = 1;
       ec.expand = true;
-      ec.algo = opts.ep_algo;
-      ec.combine = opts.ep_combine;
       ep = std::make_unique<EPBuffer>(group, ec);
     }
   }
@@ -565,6 +563,12 @@ struct DeepseekModel::Impl {
     return out;
   }
 };
+
+ModelOptions ModelOptions::from_knobs() {
+  ModelOptions o;
+  o.ep = EPConfig::from_knobs();
+  return o;
+}
 
 DeepseekModel::DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group, const ModelOptions& opts)
     : impl_(std::make_unique<Impl>(std::move(weights), group, opts)) {}

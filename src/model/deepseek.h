@@ -23,8 +23,12 @@ namespace deepinfer::model {
 
 struct ModelOptions {
   int64_t max_tokens_per_step = 512;  // tokens one rank feeds per forward (EPBuffer M)
-  EpAlgo ep_algo = knobs().ep_algo;
-  CombineMode ep_combine = knobs().ep_combine;
+  // The MoE layers' EPBuffer policy: algo, combine, ag_rows, reduce, chunk_bytes, peer_memory (the
+  // model sets the shape fields from the checkpoint and M from max_tokens_per_step).
+  EPConfig ep;
+
+  // The defaults with `ep` from the DEEPINFER_EP_* knobs (EPConfig::from_knobs).
+  static ModelOptions from_knobs();
 };
 
 // One sequence's slice of a forward call: `num_tokens` new tokens at positions

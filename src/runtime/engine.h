@@ -49,7 +49,8 @@ using TokenCallback = std::function<void(int64_t id, int32_t token)>;
 struct EngineOptions {
   int64_t max_tokens_per_step = 256;  // new tokens per forward on one rank (prefill is chunked)
   int64_t max_batch = 64;             // sequences in flight per rank
-  model::ModelOptions model;          // EP algorithm / combine; max_tokens_per_step is copied in
+  model::ModelOptions model;          // EP policy (ModelOptions::from_knobs() for the knobs');
+                                      // max_tokens_per_step is copied in
 };
 
 struct EngineStats {

@@ -52,6 +52,7 @@ void run_ranks_with_pools(const LaunchOptions& lo, const std::function<void(Grou
 
 void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(RankContext&)>& fn) {
   DI_CHECK(opts.ep >= 1, "--ep must be >= 1, got {}", opts.ep);
+  kernels::check_fault_knob();  // a fault naming no kernel op fails before anything loads
   const model::ModelConfig cfg = model::load_config(opts.model_dir);
   auto checkpoint = std::make_shared<const model::Checkpoint>(opts.model_dir);
   LaunchOptions lo;
@@ -63,7 +64,7 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
     ld.ep_size = group.size();
     ld.gemm = opts.gemm;
     ld.quantize_fp8 = opts.quantize_fp8;
-    ld.decode_layout = knobs().decode_layout && knobs().kernels == KernelBackend::cpu;
+    ld.decode_layout = knobs().decode_layout && kernels::backend_from_knobs() == KernelBackend::cpu;
     ld.progress = opts.progress && group.rank() == 0 && isatty(STDERR_FILENO);
     RankContext ctx{group, model::load_weights(checkpoint, cfg, ld)};
     fn(ctx);

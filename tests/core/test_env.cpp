@@ -35,62 +35,79 @@ std::string parse_error(const Env& env) {
 
 TEST(Env, DefaultsWhenNothingIsSet) {
   const Knobs k = parse({});
-  EXPECT_EQ(k.comm, CommKind::local);
+  EXPECT_EQ(k.comm, "local");
   EXPECT_EQ(k.comm_timeout_s, 60.0);
-  EXPECT_EQ(k.ep_algo, EpAlgo::automatic);
-  EXPECT_EQ(k.ep_ag_rows, AgRows::max);
-  EXPECT_EQ(k.ep_reduce, EpReduce::rs);
+  EXPECT_EQ(k.ep_algo, "auto");
+  EXPECT_EQ(k.ep_ag_rows, "max");
+  EXPECT_EQ(k.ep_reduce, "rs");
   EXPECT_EQ(k.ep_chunk_bytes, size_t(64) << 20);
-  EXPECT_EQ(k.ep_combine, CombineMode::exact);
-  EXPECT_EQ(k.kernels, KernelBackend::cpu);
+  EXPECT_EQ(k.ep_combine, "exact");
+  EXPECT_EQ(k.kernels, "cpu");
   EXPECT_EQ(k.threads, 0);
   EXPECT_TRUE(k.decode_layout);
   EXPECT_FALSE(parse({{"DEEPINFER_DECODE_LAYOUT", "off"}}).decode_layout);
   EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
-  EXPECT_EQ(k.ep_peer_memory, EpPeerMemory::automatic);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "off"}}).ep_peer_memory, EpPeerMemory::off);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "on"}}).ep_peer_memory, EpPeerMemory::on);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "auto"}}).ep_peer_memory, EpPeerMemory::automatic);
+  EXPECT_EQ(k.ep_peer_memory, "auto");
   EXPECT_EQ(k.fault, "");
   EXPECT_EQ(k.capabilities_file, "");
   EXPECT_EQ(k.log_level, "info");
   // Empty values mean "unset".
   const Knobs e = parse({{"DEEPINFER_EP_ALGO", ""}, {"DEEPINFER_THREADS", ""}});
-  EXPECT_EQ(e.ep_algo, EpAlgo::automatic);
+  EXPECT_EQ(e.ep_algo, "auto");
   EXPECT_EQ(e.threads, 0);
 }
 
-TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
-  EXPECT_EQ(parse({{"DEEPINFER_COMM", "mpi"}}).comm, CommKind::mpi);
-  EXPECT_EQ(parse({{"DEEPINFER_COMM", "local"}}).comm, CommKind::local);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_ALGO", "ag"}}).ep_algo, EpAlgo::ag);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_ALGO", "a2a"}}).ep_algo, EpAlgo::a2a);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_ALGO", "auto"}}).ep_algo, EpAlgo::automatic);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_AG_ROWS", "cap"}}).ep_ag_rows, AgRows::cap);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_AG_ROWS", "max"}}).ep_ag_rows, AgRows::max);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_REDUCE", "ar"}}).ep_reduce, EpReduce::ar);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_REDUCE", "rs"}}).ep_reduce, EpReduce::rs);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_COMBINE", "fast"}}).ep_combine, CombineMode::fast);
-  EXPECT_EQ(parse({{"DEEPINFER_EP_COMBINE", "exact"}}).ep_combine, CombineMode::exact);
-  EXPECT_EQ(parse({{"DEEPINFER_KERNELS", "host"}}).kernels, KernelBackend::host);
-  EXPECT_EQ(parse({{"DEEPINFER_KERNELS", "cpu"}}).kernels, KernelBackend::cpu);
-  for (const char* level : {"debug", "info", "warn", "error"})
-    EXPECT_EQ(parse({{"DEEPINFER_LOG", level}}).log_level, level);
+// The defaults in the table (--help-env) are the ones the parser gives.
+TEST(Env, DocumentedDefaultsAreTheParsersDefaults) {
+  const Knobs k = parse({});
+  const std::map<std::string, std::string> got = {
+      {"DEEPINFER_COMM", k.comm},
+      {"DEEPINFER_EP_ALGO", k.ep_algo},
+      {"DEEPINFER_EP_AG_ROWS", k.ep_ag_rows},
+      {"DEEPINFER_EP_REDUCE", k.ep_reduce},
+      {"DEEPINFER_EP_COMBINE", k.ep_combine},
+      {"DEEPINFER_EP_PEER_MEMORY", k.ep_peer_memory},
+      {"DEEPINFER_KERNELS", k.kernels},
+      {"DEEPINFER_LOG", k.log_level},
+      {"DEEPINFER_DECODE_LAYOUT", k.decode_layout ? "on" : "off"},
+      {"DEEPINFER_PIN_RANKS", k.pin_ranks ? "on" : "off"}};
+  for (const KnobDoc& d : knob_docs()) {
+    if (!got.count(d.name)) continue;
+    EXPECT_EQ(got.at(d.name), d.def) << d.name;
+  }
 }
 
-TEST(Env, ToStringRoundTripsThroughTheParser) {
-  for (EpAlgo v : {EpAlgo::ag, EpAlgo::a2a, EpAlgo::automatic})
-    EXPECT_EQ(parse({{"DEEPINFER_EP_ALGO", std::string(to_string(v))}}).ep_algo, v);
-  for (AgRows v : {AgRows::max, AgRows::cap})
-    EXPECT_EQ(parse({{"DEEPINFER_EP_AG_ROWS", std::string(to_string(v))}}).ep_ag_rows, v);
-  for (EpReduce v : {EpReduce::rs, EpReduce::ar})
-    EXPECT_EQ(parse({{"DEEPINFER_EP_REDUCE", std::string(to_string(v))}}).ep_reduce, v);
-  for (CombineMode v : {CombineMode::exact, CombineMode::fast})
-    EXPECT_EQ(parse({{"DEEPINFER_EP_COMBINE", std::string(to_string(v))}}).ep_combine, v);
-  for (KernelBackend v : {KernelBackend::host, KernelBackend::cpu})
-    EXPECT_EQ(parse({{"DEEPINFER_KERNELS", std::string(to_string(v))}}).kernels, v);
-  for (CommKind v : {CommKind::local, CommKind::mpi})
-    EXPECT_EQ(parse({{"DEEPINFER_COMM", std::string(to_string(v))}}).comm, v);
+// Every word a knob with a fixed set of values allows is accepted and kept as given.
+TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
+  const std::map<std::string, std::vector<std::string_view>> expected = {
+      {"DEEPINFER_COMM", {"local", "mpi"}},
+      {"DEEPINFER_EP_ALGO", {"ag", "a2a", "auto"}},
+      {"DEEPINFER_EP_AG_ROWS", {"max", "cap"}},
+      {"DEEPINFER_EP_REDUCE", {"rs", "ar"}},
+      {"DEEPINFER_EP_COMBINE", {"exact", "fast"}},
+      {"DEEPINFER_EP_PEER_MEMORY", {"auto", "on", "off"}},
+      {"DEEPINFER_KERNELS", {"host", "cpu"}},
+      {"DEEPINFER_DECODE_LAYOUT", {"on", "off"}},
+      {"DEEPINFER_PIN_RANKS", {"on", "off"}},
+      {"DEEPINFER_LOG", {"debug", "info", "warn", "error"}},
+  };
+  for (const KnobDoc& d : knob_docs()) {
+    const auto it = expected.find(d.name);
+    EXPECT_EQ(knob_choices(d.name),
+              it == expected.end() ? std::vector<std::string_view>{} : it->second)
+        << d.name;
+  }
+  EXPECT_EQ(parse({{"DEEPINFER_COMM", "mpi"}}).comm, "mpi");
+  EXPECT_EQ(parse({{"DEEPINFER_EP_ALGO", "ag"}}).ep_algo, "ag");
+  EXPECT_EQ(parse({{"DEEPINFER_EP_ALGO", "a2a"}}).ep_algo, "a2a");
+  EXPECT_EQ(parse({{"DEEPINFER_EP_AG_ROWS", "cap"}}).ep_ag_rows, "cap");
+  EXPECT_EQ(parse({{"DEEPINFER_EP_REDUCE", "ar"}}).ep_reduce, "ar");
+  EXPECT_EQ(parse({{"DEEPINFER_EP_COMBINE", "fast"}}).ep_combine, "fast");
+  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "off"}}).ep_peer_memory, "off");
+  EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "on"}}).ep_peer_memory, "on");
+  EXPECT_EQ(parse({{"DEEPINFER_KERNELS", "host"}}).kernels, "host");
+  for (const char* level : {"debug", "info", "warn", "error"})
+    EXPECT_EQ(parse({{"DEEPINFER_LOG", level}}).log_level, level);
 }
 
 TEST(Env, NumericKnobs) {
@@ -114,8 +131,23 @@ TEST(Env, NumericKnobs) {
 TEST(Env, FreeStringKnobs) {
   const Knobs k = parse(
       {{"DEEPINFER_FAULT", "kernel:moe:3"}, {"DEEPINFER_CAPABILITIES", "/tmp/caps file.json"}});
-  EXPECT_EQ(k.fault, "kernel:moe:3");
+  EXPECT_EQ(k.fault, "kernel:moe:3");  // the op name is the kernels layer's to check
   EXPECT_EQ(k.capabilities_file, "/tmp/caps file.json");
+}
+
+TEST(Env, FaultKnobHasTheKernelForm) {
+  const FaultKnob f = parse_fault_knob("kernel:gemm_fp8_grouped_masked:12");
+  EXPECT_EQ(f.op, "gemm_fp8_grouped_masked");
+  EXPECT_EQ(f.call, 12u);
+  EXPECT_EQ(parse({{"DEEPINFER_FAULT", "kernel:rms_norm:0"}}).fault, "kernel:rms_norm:0");
+  for (const std::string bad :
+       {"garbage", "kernel", "kernel:", "kernel:rms_norm", "kernel:rms_norm:", "kernel::3",
+        "kernel:rms_norm:-1", "kernel:rms_norm:x", "kernel:rms_norm:1.5", "comm:drop:3",
+        "a2av-hang", "KERNEL:rms_norm:3", "kernel:rms_norm:99999999999999999999"}) {
+    const std::string msg = parse_error({{"DEEPINFER_FAULT", bad}});
+    EXPECT_EQ(msg.rfind("DEEPINFER_FAULT='" + bad + "' is not valid", 0), 0u) << msg;
+    EXPECT_NE(msg.find("kernel:<op>:<call>"), std::string::npos) << msg;
+  }
 }
 
 TEST(Env, ErrorMessageNamesVariableValueAndAllowedValues) {
@@ -210,8 +242,7 @@ class EnvProcess : public ::testing::Test {
 [[noreturn]] void exit_with_knobs_result() {
   try {
     const Knobs& k = knobs();
-    std::fprintf(stderr, "threads=%d algo=%s\n", k.threads,
-                 std::string(to_string(k.ep_algo)).c_str());
+    std::fprintf(stderr, "threads=%d algo=%s\n", k.threads, k.ep_algo.c_str());
     std::_Exit(0);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
@@ -249,6 +280,15 @@ TEST_F(EnvProcess, KnobsRejectsAnInvalidValueInTheRealEnvironment) {
       "DEEPINFER_KERNELS='gpu' is not valid; allowed values: host, cpu");
 }
 
+TEST_F(EnvProcess, KnobsRejectsAFaultNotOfTheKernelForm) {
+  EXPECT_EXIT(
+      {
+        setenv("DEEPINFER_FAULT", "garbage", 1);
+        exit_with_knobs_result();
+      },
+      ::testing::ExitedWithCode(3), "DEEPINFER_FAULT='garbage' is not valid .*kernel:<op>:<call>");
+}
+
 TEST_F(EnvProcess, KnobsIsParsedOnceAcrossThreads) {
   EXPECT_EXIT(
       {
@@ -270,10 +310,10 @@ TEST(Env, SetKnobsReplacesTheProcessKnobs) {
   const Knobs saved = knobs();
   Knobs k = saved;
   k.threads = 7;
-  k.ep_combine = CombineMode::fast;
+  k.ep_combine = "fast";
   set_knobs(k);
   EXPECT_EQ(knobs().threads, 7);
-  EXPECT_EQ(knobs().ep_combine, CombineMode::fast);
+  EXPECT_EQ(knobs().ep_combine, "fast");
   set_knobs(saved);
   EXPECT_EQ(knobs().threads, saved.threads);
 }

@@ -24,7 +24,7 @@ class ScopedFault {
   explicit ScopedFault(std::string fault) : saved_(knobs()) {
     Knobs k = saved_;
     k.fault = std::move(fault);
-    k.kernels = KernelBackend::cpu;
+    k.kernels = "cpu";
     set_knobs(k);
   }
   ~ScopedFault() { set_knobs(saved_); }

@@ -2,9 +2,15 @@
 // fault injection, on a small fake op whose backends give different answers.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <thread>
 
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
 #include "kernels/registry.h"
+#include "kernels/sampling.h"
+#include "kernels/swiglu.h"
 
 namespace deepinfer::kernels {
 namespace {
@@ -52,7 +58,7 @@ struct KnobGuard {
 TEST(Registry, BackendFromKnobAndScope) {
   KnobGuard g;
   Knobs k = knobs();
-  k.kernels = KernelBackend::host;
+  k.kernels = "host";
   set_knobs(k);
   EXPECT_EQ(current_backend(), KernelBackend::host);
   {
@@ -213,10 +219,37 @@ TEST(Registry, BadFaultSpecIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("kernel:<op>:<call>"), std::string::npos) << e.what();
   }
-  k.fault = "comm:drop:3";  // another layer's fault: ignored here
+}
+
+TEST(Registry, OpNamesAreTheOpsNames) {
+  std::set<std::string_view> names(op_names().begin(), op_names().end());
+  EXPECT_EQ(names.size(), op_names().size()) << "a name listed twice";
+  for (const char* op :
+       {OpSpec<GemmFp8Params>::name, OpSpec<RmsNormParams>::name, OpSpec<SamplingParams>::name,
+        OpSpec<MlaDecodeParams>::name, OpSpec<SwigluParams>::name})
+    EXPECT_EQ(names.count(op), 1u) << op;
+  EXPECT_EQ(names.count("test_fake"), 0u);
+}
+
+// DEEPINFER_FAULT names a kernel op that exists; core checked its form.
+TEST(Registry, FaultKnobMustNameAKernelOp) {
+  KnobGuard g;
+  Knobs k = knobs();
+  for (const char* ok : {"", "kernel:rms_norm:3", "kernel:gemm_fp8:0"}) {
+    k.fault = ok;
+    set_knobs(k);
+    EXPECT_NO_THROW(check_fault_knob()) << ok;
+  }
+  k.fault = "kernel:nosuchop:0";
   set_knobs(k);
-  fake({&x, nullptr, &out, &acc, 1});
-  EXPECT_EQ(out, 102.0f);
+  try {
+    check_fault_knob();
+    ADD_FAILURE() << "an unknown op was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("DEEPINFER_FAULT='kernel:nosuchop:0' is not valid", 0), 0u) << msg;
+    for (std::string_view op : op_names()) EXPECT_NE(msg.find(op), std::string::npos) << op;
+  }
 }
 
 TEST(Registry, PerturbBufferTypes) {

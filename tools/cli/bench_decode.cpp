@@ -178,6 +178,7 @@ int run_bench_decode(BenchDecodeCli o) {
   lo.quantize_fp8 = o.quantize == "fp8";
   runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
     runtime::EngineOptions eo;
+    eo.model = model::ModelOptions::from_knobs();
     eo.max_tokens_per_step = std::max<int64_t>(256, o.prompt_tokens);
     runtime::Engine engine(rc.weights, rc.group, eo);
     const auto& cfg = rc.weights->config;

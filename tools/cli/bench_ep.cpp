@@ -148,12 +148,13 @@ struct Raw {
 
 int run_bench(const BenchEpCli& o) {
   LaunchOptions lo;
-  lo.comm = o.comm.empty() ? knobs().comm : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm =
+      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? 4 : 0);
   int failures = 0;
   runtime::run_ranks_with_pools(lo, [&](Group& g) {
     const int w = g.size(), me = g.rank();
-    EPConfig cfg;
+    EPConfig cfg = EPConfig::from_knobs();
     cfg.num_experts = o.experts;
     cfg.hidden = o.hidden;
     cfg.num_topk = o.topk;

@@ -122,7 +122,8 @@ int run_mpi(const CheckOptions& o, const LaunchOptions& lo) {
 
 int run_check(const CheckOptions& o) {
   LaunchOptions lo;
-  lo.comm = o.comm.empty() ? knobs().comm : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm =
+      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? kDefaultLocalWorld : 0);
   lo.fault = o.fault;
   lo.timeout_s = o.timeout_s;

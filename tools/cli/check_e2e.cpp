@@ -120,13 +120,19 @@ int run_check_e2e(const CheckE2eCli& o) {
   runtime::LaunchModelOptions lo;
   lo.model_dir = o.model;
   lo.ep = o.ep;
-  lo.comm = o.comm.empty() ? knobs().comm : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm =
+      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
   std::vector<runtime::RequestResult> results;
   bool printer = false;
   runtime::run_model_ranks(lo, [&](runtime::RankContext& ctx) {
     runtime::EngineOptions eo;
-    if (!o.algo.empty()) eo.model.ep_algo = o.algo == "ag" ? EpAlgo::ag : o.algo == "a2a" ? EpAlgo::a2a : EpAlgo::automatic;
-    if (!o.combine.empty()) eo.model.ep_combine = o.combine == "fast" ? CombineMode::fast : CombineMode::exact;
+    eo.model = model::ModelOptions::from_knobs();
+    if (!o.algo.empty())
+      eo.model.ep.algo = o.algo == "ag"    ? EpAlgo::ag
+                         : o.algo == "a2a" ? EpAlgo::a2a
+                                           : EpAlgo::automatic;
+    if (!o.combine.empty())
+      eo.model.ep.combine = o.combine == "fast" ? CombineMode::fast : CombineMode::exact;
     DI_CHECK(ctx.weights->config.vocab_size == vocab, "golden vocab {} != model vocab {}", vocab,
              ctx.weights->config.vocab_size);
     runtime::Engine engine(ctx.weights, ctx.group, eo);

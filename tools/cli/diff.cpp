@@ -58,7 +58,7 @@ int run_diff(const DiffCli& o) {
   DI_CHECK(!prompts.empty(), "deepinfer diff: no prompt: give --prompt TEXT or --golden");
 
   Knobs k = knobs();
-  k.kernels = o.backend == "host" ? KernelBackend::host : KernelBackend::cpu;
+  k.kernels = o.backend == "host" ? "host" : "cpu";
   set_knobs(k);  // before any rank or pool thread reads the knobs
 
   const Tokenizer tok = Tokenizer::from_dir(o.model);
@@ -68,7 +68,8 @@ int run_diff(const DiffCli& o) {
   runtime::LaunchModelOptions lo;
   lo.model_dir = o.model;
   lo.ep = o.ep;
-  lo.comm = o.comm.empty() ? knobs().comm : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm =
+      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
 
   kd::DiffRecorder rec;
   std::atomic<int> exit_code{0};
@@ -86,6 +87,7 @@ int run_diff(const DiffCli& o) {
     kernels::reset_call_counters();  // call indices (and DEEPINFER_FAULT's) count from here
     {
       runtime::EngineOptions eo;
+      eo.model = model::ModelOptions::from_knobs();
       runtime::Engine engine(ctx.weights, g, eo);
       std::vector<runtime::Request> reqs;
       for (size_t i = 0; i < prompts.size(); ++i) {

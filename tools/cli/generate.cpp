@@ -64,7 +64,8 @@ int run_generate(const GenerateCli& o) {
   runtime::LaunchModelOptions lo;
   lo.model_dir = o.model;
   lo.ep = o.ep;
-  lo.comm = o.comm.empty() ? knobs().comm : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm =
+      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
   lo.gemm = o.gemm == "bf16" ? model::GemmMode::bf16 : model::GemmMode::fp8;
   lo.quantize_fp8 = o.quantize == "fp8";
   lo.progress = true;
@@ -72,8 +73,12 @@ int run_generate(const GenerateCli& o) {
   std::mutex print_mu;
   runtime::run_model_ranks(lo, [&](runtime::RankContext& ctx) {
     runtime::EngineOptions eo;
+    eo.model = model::ModelOptions::from_knobs();
     eo.max_tokens_per_step = o.max_tokens_per_step;
-    if (!o.algo.empty()) eo.model.ep_algo = o.algo == "ag" ? EpAlgo::ag : o.algo == "a2a" ? EpAlgo::a2a : EpAlgo::automatic;
+    if (!o.algo.empty())
+      eo.model.ep.algo = o.algo == "ag"    ? EpAlgo::ag
+                         : o.algo == "a2a" ? EpAlgo::a2a
+                                           : EpAlgo::automatic;
     runtime::Engine engine(ctx.weights, ctx.group, eo);
     std::vector<runtime::Request> reqs;
     const int W = ctx.group.size(), rank = ctx.group.rank();

@@ -1,14 +1,14 @@
 // The `deepinfer` command: check, bench, generate, diff. Commands register themselves
 // (command.h); this file only builds the CLI11 tree and runs the chosen one.
-#include "command.h"
-
 #include <deepinfer/error.h>
 #include <deepinfer/tensor.h>
 
 #include <cstdio>
 #include <map>
 
+#include "command.h"
 #include "core/env.h"
+#include "kernels/registry.h"
 
 namespace deepinfer::cli {
 
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   }
   try {
     knobs();  // validate the environment before anything starts
+    kernels::check_fault_knob();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

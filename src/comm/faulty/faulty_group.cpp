@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/common.h"
+#include "comm/group_decorator.h"
 #include "core/log.h"
 
 namespace deepinfer {
@@ -66,28 +67,28 @@ int32_t through_float(int32_t v) {
   return int32_t(f);
 }
 
-class FaultyGroup final : public Group {
+// Every collective is counted (rank-exit) and may be broken; peer memory is never offered, so
+// nothing goes around the collectives it breaks.
+class FaultyGroup final : public GroupDecorator {
  public:
   FaultyGroup(std::unique_ptr<Group> inner, std::string name, double timeout_s)
-      : inner_(std::move(inner)),
+      : GroupDecorator(std::move(inner)),
         name_(std::move(name)),
         fault_(parse_fault(name_)),
         timeout_s_(timeout_s) {}
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
   std::string backend() const override {
-    return fmt::format("faulty({})/{}", name_, inner_->backend());
+    return fmt::format("faulty({})/{}", name_, inner().backend());
   }
   Capabilities capabilities() const override {
-    Capabilities c = inner_->capabilities();
-    if (fault_ == Fault::a2av_hang || fault_ == Fault::a2a_diverge) c.all_to_all_v = false;
+    Capabilities c = inner().capabilities();
+    if (breaks_all_to_all_v()) c.all_to_all_v = false;
     return c;
   }
 
   void all_gather(const void* send, void* recv, size_t count, DType dtype) override {
     enter(OpKind::all_gather);
-    inner_->all_gather(send, recv, count, dtype);
+    inner().all_gather(send, recv, count, dtype);
     if (fault_ == Fault::int32_ag_corrupt && dtype == DType::i32 && size() >= kAgCorruptMinWorld &&
         count * 4 * size_t(size()) >= kAgCorruptMinBytes) {
       auto* v = static_cast<int32_t*>(recv);
@@ -98,19 +99,19 @@ class FaultyGroup final : public Group {
   void all_gather_v(const void* send, size_t send_count, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override {
     enter(OpKind::all_gather_v);
-    inner_->all_gather_v(send, send_count, recv, recv_counts, dtype);
+    inner().all_gather_v(send, send_count, recv, recv_counts, dtype);
   }
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     enter(OpKind::all_reduce);
-    inner_->all_reduce(buf, count, dtype, op);
+    inner().all_reduce(buf, count, dtype, op);
   }
   void reduce_scatter(const float* send, float* recv, size_t count) override {
     enter(OpKind::reduce_scatter);
-    inner_->reduce_scatter(send, recv, count);
+    inner().reduce_scatter(send, recv, count);
   }
   void all_to_all(const void* send, void* recv, size_t count, DType dtype) override {
     enter(OpKind::all_to_all);
-    inner_->all_to_all(send, recv, count, dtype);
+    inner().all_to_all(send, recv, count, dtype);
   }
   void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override {
@@ -123,18 +124,42 @@ class FaultyGroup final : public Group {
       diverged_all_to_all_v(send, send_counts, recv, recv_counts, dtype);
       return;
     }
-    inner_->all_to_all_v(send, send_counts, recv, recv_counts, dtype);
+    inner().all_to_all_v(send, send_counts, recv, recv_counts, dtype);
+  }
+  // The same exchange as all_to_all_v: where the fault breaks all_to_all_v it breaks this too
+  // (Group's default packs the rows and calls this->all_to_all_v); else the inner group's own.
+  void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
+                         std::span<const int64_t> offsets, void* recv,
+                         std::span<const size_t> recv_rows) override {
+    if (breaks_all_to_all_v()) {
+      Group::all_to_all_v_rows(base, row_bytes, rows, offsets, recv, recv_rows);
+      return;
+    }
+    enter(OpKind::all_to_all_v);
+    inner().all_to_all_v_rows(base, row_bytes, rows, offsets, recv, recv_rows);
   }
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
     enter(OpKind::broadcast);
-    inner_->broadcast(buf, count, dtype, root);
+    inner().broadcast(buf, count, dtype, root);
   }
   void barrier() override {
     enter(OpKind::barrier);
-    inner_->barrier();
+    inner().barrier();
   }
 
+  // No peer memory whatever the inner group has: a peer read would bypass the broken collectives.
+  PeerMemory peer_memory() const override { return PeerMemory::none; }
+  void expose(std::span<const std::span<const std::byte>> regions,
+              std::vector<const std::byte*>& peers) override {
+    Group::expose(regions, peers);  // throws: no peer memory
+  }
+  std::byte* expose_staging(size_t) override { return nullptr; }
+
  private:
+  bool breaks_all_to_all_v() const {
+    return fault_ == Fault::a2av_hang || fault_ == Fault::a2a_diverge;
+  }
+
   // Counts calls and fires `rank-exit`.
   void enter(OpKind op) {
     const int call = calls_++;
@@ -143,7 +168,7 @@ class FaultyGroup final : public Group {
         fmt::format("rank {} of {} dies in the middle of {} (injected fault rank-exit)", rank(),
                     size(), op_name(op));
     log_error("{}", msg);
-    if (inner_->backend() == "mpi") {
+    if (inner().backend() == "mpi") {
       // A dead process that the launcher has not noticed yet: it never answers, the peers hit
       // their deadline and abort the job (deterministically printing the CommTimeout); if they
       // somehow do not, it exits with status 1 right after.
@@ -177,7 +202,7 @@ class FaultyGroup final : public Group {
     size_t total = 0;
     for (size_t c : recv_counts) total += c;
     std::vector<std::byte> tmp(total * es);
-    inner_->all_to_all_v(send, send_counts, tmp.data(), recv_counts, dtype);
+    inner().all_to_all_v(send, send_counts, tmp.data(), recv_counts, dtype);
     const size_t c = send_counts[0];
     auto* out = static_cast<std::byte*>(recv);
     if (total) std::memset(out, 0, total * es);
@@ -190,7 +215,6 @@ class FaultyGroup final : public Group {
     }
   }
 
-  std::unique_ptr<Group> inner_;
   std::string name_;
   Fault fault_;
   double timeout_s_;
