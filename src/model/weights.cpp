@@ -34,7 +34,7 @@ class Loader {
     const std::string wname = prefix + ".weight";
     const TensorView& w = ckpt_.get(wname);
     if (w.shape != std::vector<int64_t>{out, in})
-      DI_FAIL("tensor {} but config.json implies [{}, {}]", w.describe(), out, in);
+      DI_FAIL("{}", mismatch_message(w, w.dtype, {out, in}));
     if (w.dtype == DType::e4m3) {
       const auto& s = ckpt_.get(prefix + ".weight_scale_inv", DType::f32, {blocks(out), blocks(in)});
       l.w_fp8 = w.as<fp8_e4m3>();
