@@ -2,14 +2,14 @@
 # Staged test runner. Each stage is scripts/stages/<name>.sh; each is timed and a PASS/FAIL
 # summary table is printed at the end. Exit code is non-zero if any stage failed.
 # Usage: scripts/run_all.sh [stage...]     (no stage = the default CI set)
-# Stages: build unit collectives ep kernels e2e diff   explicit only: large reference bench
+# Stages: build unit collectives ep kernels e2e diff cli   explicit only: large reference bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export BUILD_DIR=${BUILD_DIR:-build}
 export DEEPINFER=${DEEPINFER:-$BUILD_DIR/bin/deepinfer}
 
-DEFAULT_STAGES=(build unit collectives ep kernels e2e diff)
+DEFAULT_STAGES=(build unit collectives ep kernels e2e diff cli)
 stages=("$@")
 ((${#stages[@]})) || stages=("${DEFAULT_STAGES[@]}")
 
