@@ -82,6 +82,13 @@ class Loader {
     l.w_scale = nullptr;
   }
 
+  // Ends the progress bar at 100% with its newline: the estimate counts tensors (embedding, head,
+  // router) that are used in place rather than accounted, so the bar would stop short of it.
+  void finish() {
+    done_ = std::max(done_, total_);
+    account(0);
+  }
+
  private:
   void account(size_t bytes) {
     done_ += bytes;
@@ -217,6 +224,7 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     mw->layers.push_back(std::move(L));
   }
   mw->loaded_bytes = ld.loaded();
+  ld.finish();
   return mw;
 }
 

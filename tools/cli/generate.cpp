@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -220,8 +221,8 @@ DEEPINFER_COMMAND("", "generate", "Generate text from a DeepSeek checkpoint, str
                         ->check(a_number());
                     app.add_option("--top-p", o->top_p, "Nucleus sampling threshold in (0, 1] (default 1)")->check(a_number());
                     app.add_option("--top-k", o->top_k, "Keep the k most likely tokens, k >= 0; 0 = all (default)")
-                        ->check(integer_in(INT32_MIN, INT32_MAX));
-                    app.add_option("--seed", o->seed, "Sampling seed (default 0)")->check(integer_in(0, INT64_MAX));
+                        ->check(integer_in(INT32_MIN, INT32_MAX, "INT >= 0"));
+                    app.add_option("--seed", o->seed, "Sampling seed (default 0)")->check(integer_in(0, INT64_MAX, "INT >= 0"));
                     app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1; under mpirun, the processes)")
                         ->check(integer_in(1, 1024));
                     app.add_option("--comm", o->comm,

@@ -31,8 +31,8 @@ bool register_command(CommandSpec spec) {
   return true;
 }
 
-CLI::Validator integer_in(int64_t lo, int64_t hi) {
-  const std::string desc = fmt::format("INT in [{} - {}]", lo, hi);
+CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& help) {
+  const std::string desc = help.empty() ? fmt::format("INT in [{} - {}]", lo, hi) : help;
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
         int64_t v = 0;
