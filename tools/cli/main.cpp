@@ -87,6 +87,16 @@ void check_mpi_world(CommKind comm, int world, const std::string& option) {
 
 namespace {
 
+// Under mpirun every process finds the same usage error; rank 0 alone says it.
+bool other_rank_of_a_launch() {
+  try {
+    const auto p = launcher_placement();
+    return p && p->rank != 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // "generate, tokenize, diff, check collectives|ep|kernels|e2e, bench ..."
 std::string command_list(const CLI::App& app) {
   std::string s;
@@ -180,6 +190,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (cli::other_rank_of_a_launch()) return 2;
     if (const int rc = cli::check_command_words(app, argc, argv); rc >= 0) return rc;
     app.exit(e);
     return 2;
@@ -193,7 +204,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "deepinfer: timeout: %s\n", e.what());
     return 3;
   } catch (const cli::UsageError& e) {
-    std::fprintf(stderr, "deepinfer: error: %s\n", e.what());
+    if (!cli::other_rank_of_a_launch()) std::fprintf(stderr, "deepinfer: error: %s\n", e.what());
     return 2;
   } catch (const InternalError& e) {
     std::fprintf(stderr, "deepinfer: internal error (a bug; please report it with the command line): %s\n", e.what());
