@@ -48,7 +48,8 @@ struct Outcome {
 void run_local(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
   const int n = opts.world;
   if (n < 1 || n > comm::kMaxLocalWorld)
-    DI_FAIL("{} must be in [1, {}] for the local backend, got {}", opts.world_option, comm::kMaxLocalWorld, n);
+    DI_FAIL("{} must be in [1, {}] for the local backend, got {}", opts.world_option,
+            comm::kMaxLocalWorld, n);
   const double timeout_s = comm::resolve_timeout(opts.timeout_s);
   const auto caps = capabilities_override();
   if (!opts.fault.empty()) comm::check_fault_name(opts.fault);
@@ -107,8 +108,9 @@ void run_mpi(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
         "threads in this process",
         opts.world_option, opts.world);
   if (opts.world > 1 && opts.world != size)
-    DI_FAIL("{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch sets it)",
-            opts.world_option, opts.world, size);
+    DI_FAIL(
+        "{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch sets it)",
+        opts.world_option, opts.world, size);
   set_log_rank(rank, size);
   if (auto p = launcher_placement(); p && (p->rank != rank || p->world != size))
     log_warn("launcher environment says rank {} of {} ({}), MPI says rank {} of {}; using MPI's",

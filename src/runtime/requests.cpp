@@ -1,7 +1,6 @@
 #include "runtime/requests.h"
 
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -14,8 +13,10 @@ namespace deepinfer::runtime {
 
 std::string sampling_problem(const SamplingConfig& s, const SamplingNames& names) {
   if (!std::isfinite(s.temperature) || s.temperature < 0)
-    return fmt::format("{} must be a number >= 0 (0 = greedy), got {}", names.temperature, s.temperature);
-  if (s.top_k < 0) return fmt::format("{} must be >= 0 (0 = keep every token), got {}", names.top_k, s.top_k);
+    return fmt::format("{} must be a number >= 0 (0 = greedy), got {}", names.temperature,
+                       s.temperature);
+  if (s.top_k < 0)
+    return fmt::format("{} must be >= 0 (0 = keep every token), got {}", names.top_k, s.top_k);
   if (!(s.top_p > 0.0f && s.top_p <= 1.0f))
     return fmt::format("{} must be in (0, 1] (1 = keep every token), got {}", names.top_p, s.top_p);
   return {};
@@ -26,9 +27,10 @@ std::string request_problem(const Request& r, int64_t vocab_size, int64_t max_po
   if (r.prompt.empty()) return "the prompt has no tokens";
   for (size_t i = 0; i < r.prompt.size(); ++i)
     if (r.prompt[i] < 0 || r.prompt[i] >= vocab_size)
-      return fmt::format("prompt token {} is id {}, outside the model's vocabulary [0, {})", i, r.prompt[i],
-                         vocab_size);
-  if (r.max_new_tokens < 1) return fmt::format("max_new_tokens must be >= 1, got {}", r.max_new_tokens);
+      return fmt::format("prompt token {} is id {}, outside the model's vocabulary [0, {})", i,
+                         r.prompt[i], vocab_size);
+  if (r.max_new_tokens < 1)
+    return fmt::format("max_new_tokens must be >= 1, got {}", r.max_new_tokens);
   const int64_t len = int64_t(r.prompt.size()) + r.max_new_tokens;
   if (len > max_positions || len < r.max_new_tokens)
     return fmt::format(
@@ -72,11 +74,14 @@ std::vector<Prompt> read_prompts_file(const std::string& path, std::istream& std
   } else {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec))
-      DI_FAIL("--prompts-file {} is a folder; give a text file with one prompt per line (or - for stdin)", path);
+      DI_FAIL(
+          "--prompts-file {} is a folder; give a text file with one prompt per line (or - for stdin)",
+          path);
     std::ifstream in(path);
     if (!in)
-      DI_FAIL("cannot read --prompts-file {}: {}; give a text file with one prompt per line (or - for stdin)", path,
-              std::strerror(errno));
+      DI_FAIL(
+          "cannot read --prompts-file {}: {}; give a text file with one prompt per line (or - for stdin)",
+          path, std::strerror(errno));
     prompts = read_prompts(in);
   }
   if (prompts.empty())

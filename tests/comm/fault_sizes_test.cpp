@@ -1,8 +1,7 @@
 // fault_min_world: below it every fault leaves the conformance suite passing, from it on the
 // suite fails. `check collectives --fault` refuses sizes below it, where the run would pass.
-#include <gtest/gtest.h>
-
 #include <deepinfer/comm.h>
+#include <gtest/gtest.h>
 
 #include <string>
 
@@ -20,7 +19,8 @@ bool suite_passes(const std::string& fault, int world) {
   std::vector<conformance::SuiteReport> reports(static_cast<size_t>(world));
   try {
     run_ranks(lo, [&](Group& g) {
-      auto& r = reports[size_t(g.rank())] = conformance::run_suite(g, {conformance::Coverage::quick});
+      auto& r = reports[size_t(g.rank())] =
+          conformance::run_suite(g, {conformance::Coverage::quick});
       if (r.stop.stopped) std::rethrow_exception(r.stop.error);
     });
   } catch (const std::exception&) {

@@ -74,7 +74,8 @@ TEST(Platform, MultiProcessLaunchFromEachLauncher) {
   EXPECT_FALSE(multi_process_launch(env_of({})));
   // sbatch sets SLURM_NTASKS for the batch script's single process too: not a launch of several.
   EXPECT_FALSE(multi_process_launch(env_of({{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}})));
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS"}) {
     auto l = multi_process_launch(env_of({{var, "3"}}));
     ASSERT_TRUE(l) << var;
     EXPECT_EQ(l->processes, 3) << var;
@@ -86,13 +87,18 @@ TEST(Platform, MultiProcessLaunchFromEachLauncher) {
 TEST(Platform, ChooseCommTakesMpiUnderALaunchOfSeveralProcesses) {
   const MultiProcessLaunch two{2, "OMPI_COMM_WORLD_SIZE"}, one{1, "OMPI_COMM_WORLD_SIZE"};
   // No launch (or one process): the option, else DEEPINFER_COMM, else the default.
-  EXPECT_EQ(choose_comm(std::nullopt, "--comm", std::nullopt, CommKind::local, std::nullopt), CommKind::local);
-  EXPECT_EQ(choose_comm(CommKind::mpi, "--comm", CommKind::local, CommKind::local, std::nullopt), CommKind::mpi);
-  EXPECT_EQ(choose_comm(std::nullopt, "--comm", CommKind::mpi, CommKind::local, one), CommKind::mpi);
-  EXPECT_EQ(choose_comm(CommKind::local, "--comm", std::nullopt, CommKind::local, one), CommKind::local);
+  EXPECT_EQ(choose_comm(std::nullopt, "--comm", std::nullopt, CommKind::local, std::nullopt),
+            CommKind::local);
+  EXPECT_EQ(choose_comm(CommKind::mpi, "--comm", CommKind::local, CommKind::local, std::nullopt),
+            CommKind::mpi);
+  EXPECT_EQ(choose_comm(std::nullopt, "--comm", CommKind::mpi, CommKind::local, one),
+            CommKind::mpi);
+  EXPECT_EQ(choose_comm(CommKind::local, "--comm", std::nullopt, CommKind::local, one),
+            CommKind::local);
   // Under mpirun -np 2: mpi unless someone asked for local, which is an error naming who.
   EXPECT_EQ(choose_comm(std::nullopt, "--comm", std::nullopt, CommKind::local, two), CommKind::mpi);
-  EXPECT_EQ(choose_comm(CommKind::mpi, "--comm", std::nullopt, CommKind::local, two), CommKind::mpi);
+  EXPECT_EQ(choose_comm(CommKind::mpi, "--comm", std::nullopt, CommKind::local, two),
+            CommKind::mpi);
   try {
     choose_comm(CommKind::local, "--comm", std::nullopt, CommKind::local, two);
     ADD_FAILURE() << "--comm local under a launch of 2 processes was accepted";

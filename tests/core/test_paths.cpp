@@ -1,12 +1,11 @@
 // output_file_problem: an output path that cannot be written is found before a long run.
-#include "core/paths.h"
-
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+
+#include "core/paths.h"
 
 namespace deepinfer {
 namespace {
@@ -14,7 +13,8 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST(Paths, OutputFileProblemSaysWhatIsWrong) {
-  const fs::path dir = fs::temp_directory_path() / ("deepinfer_paths_test_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("deepinfer_paths_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   EXPECT_EQ(output_file_problem((dir / "new.json").string()), "");
   std::ofstream((dir / "old.json").string()) << "x";

@@ -1,22 +1,19 @@
 // Request checks (shared by the engine and the CLI), the prompts-file format, and the engine's
 // agreement on a bad request: every rank ends with the same error, none is left waiting.
-#include "runtime/requests.h"
-
-#include <gtest/gtest.h>
-
 #include <deepinfer/comm.h>
-
-#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "runtime/engine.h"
 #include "runtime/launch.h"
+#include "runtime/requests.h"
 
 namespace deepinfer::runtime {
 namespace {
@@ -28,11 +25,15 @@ TEST(Requests, SamplingRangesInTheCallersWords) {
   EXPECT_EQ(sampling_problem({0.7f, 40, 0.9f, 1}), "");
   EXPECT_EQ(sampling_problem({0.0f, 0, 1.0f, 0}), "");
   const SamplingNames cli{"--temperature", "--top-k", "--top-p"};
-  EXPECT_EQ(sampling_problem({0.0f, 0, 0.0f, 0}, cli), "--top-p must be in (0, 1] (1 = keep every token), got 0");
-  EXPECT_NE(sampling_problem({0.0f, 0, 1.5f, 0}, cli).find("--top-p must be in (0, 1]"), std::string::npos);
-  EXPECT_NE(sampling_problem({-1.0f, 0, 1.0f, 0}, cli).find("--temperature must be a number >= 0"), std::string::npos);
+  EXPECT_EQ(sampling_problem({0.0f, 0, 0.0f, 0}, cli),
+            "--top-p must be in (0, 1] (1 = keep every token), got 0");
+  EXPECT_NE(sampling_problem({0.0f, 0, 1.5f, 0}, cli).find("--top-p must be in (0, 1]"),
+            std::string::npos);
+  EXPECT_NE(sampling_problem({-1.0f, 0, 1.0f, 0}, cli).find("--temperature must be a number >= 0"),
+            std::string::npos);
   EXPECT_NE(sampling_problem({NAN, 0, 1.0f, 0}, cli).find("--temperature"), std::string::npos);
-  EXPECT_EQ(sampling_problem({0.0f, -1, 1.0f, 0}, cli), "--top-k must be >= 0 (0 = keep every token), got -1");
+  EXPECT_EQ(sampling_problem({0.0f, -1, 1.0f, 0}, cli),
+            "--top-k must be >= 0 (0 = keep every token), got -1");
   EXPECT_NE(sampling_problem({0.0f, 0, 0.0f, 0}).find("top_p must be"), std::string::npos);
 }
 
@@ -41,9 +42,11 @@ TEST(Requests, PromptIdsLengthAndSampling) {
   r.prompt = {0, 5, 9};
   r.max_new_tokens = 4;
   EXPECT_EQ(request_problem(r, 10, 8), "");
-  EXPECT_NE(request_problem(r, 10, 6).find("exceed the model's context of 6 positions"), std::string::npos);
+  EXPECT_NE(request_problem(r, 10, 6).find("exceed the model's context of 6 positions"),
+            std::string::npos);
   r.prompt = {0, 10};
-  EXPECT_NE(request_problem(r, 10, 8).find("id 10, outside the model's vocabulary [0, 10)"), std::string::npos);
+  EXPECT_NE(request_problem(r, 10, 8).find("id 10, outside the model's vocabulary [0, 10)"),
+            std::string::npos);
   r.prompt = {};
   EXPECT_NE(request_problem(r, 10, 8).find("no tokens"), std::string::npos);
   r.prompt = {1};
@@ -84,14 +87,17 @@ TEST(Prompts, FileDashIsStdinAndProblemsAreUserErrors) {
   EXPECT_EQ(p[1].text, "b");
   std::istringstream none;
   const std::string missing = error_of([&] { read_prompts_file("/no/such/prompts.txt", none); });
-  EXPECT_EQ(missing.rfind("cannot read --prompts-file /no/such/prompts.txt: No such file", 0), 0u) << missing;
-  const auto empty_path = std::filesystem::temp_directory_path() / ("deepinfer_empty_" + std::to_string(::getpid()));
+  EXPECT_EQ(missing.rfind("cannot read --prompts-file /no/such/prompts.txt: No such file", 0), 0u)
+      << missing;
+  const auto empty_path =
+      std::filesystem::temp_directory_path() / ("deepinfer_empty_" + std::to_string(::getpid()));
   std::ofstream(empty_path.string()) << "\n\r\n";
   const std::string empty = error_of([&] { read_prompts_file(empty_path.string(), none); });
   EXPECT_NE(empty.find("holds no prompt"), std::string::npos) << empty;
   std::filesystem::remove(empty_path);
   std::istringstream blank("");
-  EXPECT_NE(error_of([&] { read_prompts_file("-", blank); }).find("- (stdin) holds no prompt"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_prompts_file("-", blank); }).find("- (stdin) holds no prompt"),
+            std::string::npos);
 }
 
 // Without agreement the bad rank throws alone while its peer enters the step's all_reduce.

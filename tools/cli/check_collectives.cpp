@@ -131,13 +131,16 @@ int run_check(const CheckOptions& o) {
   if (!o.fault.empty()) {
     // The suite must fail under a fault; one that cannot act at this size would let it pass.
     int world = lo.world;
-    if (lo.comm == CommKind::mpi) world = o.world > 0 ? o.world : (launcher_placement() ? launcher_placement()->world : 1);
+    if (lo.comm == CommKind::mpi)
+      world = o.world > 0 ? o.world : (launcher_placement() ? launcher_placement()->world : 1);
     const int min_world = comm::fault_min_world(o.fault);
     if (world < min_world)
-      DI_USAGE("--fault {} acts only at world sizes >= {}, so at {} {} the suite would pass; use {}",
-               o.fault, min_world, lo.comm == CommKind::mpi && o.world == 0 ? "mpirun -np" : "--world", world,
-               lo.comm == CommKind::mpi ? fmt::format("mpirun -np {} (or more)", min_world)
-                                        : fmt::format("--world {} (or more)", min_world));
+      DI_USAGE(
+          "--fault {} acts only at world sizes >= {}, so at {} {} the suite would pass; use {}",
+          o.fault, min_world, lo.comm == CommKind::mpi && o.world == 0 ? "mpirun -np" : "--world",
+          world,
+          lo.comm == CommKind::mpi ? fmt::format("mpirun -np {} (or more)", min_world)
+                                   : fmt::format("--world {} (or more)", min_world));
   }
   return lo.comm == CommKind::local ? run_local(o, lo) : run_mpi(o, lo);
 }
@@ -150,12 +153,14 @@ DEEPINFER_COMMAND(
       auto o = std::make_shared<CheckOptions>();
       app.add_option("--comm", o->comm, "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
           ->check(CLI::IsMember({"local", "mpi"}));
-      app.add_option("--world", o->world,
-                     fmt::format("Ranks: local threads (default {}); mpi checks it against mpirun -np",
-                                 kDefaultLocalWorld))
+      app.add_option(
+             "--world", o->world,
+             fmt::format("Ranks: local threads (default {}); mpi checks it against mpirun -np",
+                         kDefaultLocalWorld))
           ->check(integer_in(1, 1024));
       std::vector<std::string> faults;
-      std::string fault_help = "Inject a fault; the suite must then fail (each acts only from some world size up; see README):";
+      std::string fault_help =
+          "Inject a fault; the suite must then fail (each acts only from some world size up; see README):";
       for (const auto& f : fault_names()) {
         faults.emplace_back(f.first);
         fault_help += " " + faults.back();

@@ -12,10 +12,7 @@
 // `e2e: N passed, M failed`; exit code 1 on any failure.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +20,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -266,7 +264,8 @@ DEEPINFER_COMMAND("check", "e2e",
                     auto o = std::make_shared<CheckE2eCli>();
                     app.add_option("--model", o->model, "Model folder with golden/ (default models/tiny)")
                         ->default_val("models/tiny");
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")->check(integer_in(1, 1024));
+                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
+                        ->check(integer_in(1, 1024));
                     app.add_option("--comm", o->comm, "local or mpi (default DEEPINFER_COMM)")
                         ->check(CLI::IsMember({"local", "mpi"}));
                     app.add_option("--algo", o->algo, "EP algorithm ag|a2a|auto (default DEEPINFER_EP_ALGO)")

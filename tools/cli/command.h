@@ -6,7 +6,6 @@
 #include <deepinfer/error.h>
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>
@@ -36,7 +35,8 @@ class UsageError : public Error {
 
 // Option checks whose messages say what the option expects ("--max-tokens: expects an integer
 // in [1, 1048576], got 'abc'"); CLI11 prefixes the option name the user typed.
-CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& help = "");  // help: "INT >= 0"
+CLI::Validator integer_in(int64_t lo, int64_t hi,
+                          const std::string& help = "");  // help: "INT >= 0"
 CLI::Validator a_number();
 
 // The backend for a command whose --comm option holds `typed` ("" if not given), from the

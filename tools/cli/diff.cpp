@@ -4,7 +4,6 @@
 // Under EP each rank diffs its own calls and rank 0 merges the tables (all_gather_v).
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
 
 #include <atomic>
@@ -46,7 +45,9 @@ struct DiffCli {
 
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);
-  if (!in) DI_USAGE("cannot read {}: --golden needs the model's golden/prompts.txt (models/tiny has one)", path);
+  if (!in)
+    DI_USAGE("cannot read {}: --golden needs the model's golden/prompts.txt (models/tiny has one)",
+             path);
   std::vector<std::string> out;
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) out.push_back(line);
@@ -56,7 +57,8 @@ std::vector<std::string> read_lines(const std::string& path) {
 int run_diff(const DiffCli& o) {
   // Everything a user can get wrong is checked here, before a run that may take minutes.
   if (!o.json.empty())
-    if (auto problem = output_file_problem(o.json); !problem.empty()) DI_USAGE("--json {}: {}", o.json, problem);
+    if (auto problem = output_file_problem(o.json); !problem.empty())
+      DI_USAGE("--json {}: {}", o.json, problem);
   try {
     model::check_model_dir(o.model);
   } catch (const Error& e) {
@@ -128,8 +130,9 @@ int run_diff(const DiffCli& o) {
       std::ofstream out(o.json);
       out << kd::report_json(rep, ro);
       out.close();
-      if (!out) DI_FAIL("--json {}: writing the report failed ({}); the report above is complete", o.json,
-                        std::strerror(errno));
+      if (!out)
+        DI_FAIL("--json {}: writing the report failed ({}); the report above is complete", o.json,
+                std::strerror(errno));
     }
     exit_code = rep.ok() ? 0 : 1;
   });
@@ -143,14 +146,17 @@ DEEPINFER_COMMAND("", "diff", "Replay every kernel call of a run on the host ref
                         ->required();
                     app.add_option("--prompt", o->prompts, "Prompt text (repeatable)");
                     app.add_flag("--golden", o->golden, "Use the model's golden/prompts.txt");
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")->check(integer_in(1, 1024));
+                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
+                        ->check(integer_in(1, 1024));
                     app.add_option("--comm", o->comm, "local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
                         ->check(CLI::IsMember({"local", "mpi"}));
                     app.add_option("--backend", o->backend, "Backend under test: cpu (default) or host (self-check)")
                         ->check(CLI::IsMember({"cpu", "host"}));
-                    app.add_option("--top", o->top, "Calls listed in the ranking (default 20)")->check(integer_in(0, 1 << 20));
+                    app.add_option("--top", o->top, "Calls listed in the ranking (default 20)")
+                        ->check(integer_in(0, 1 << 20));
                     app.add_option("--json", o->json, "Also write the report as JSON to FILE");
-                    app.add_option("--max-tokens", o->max_tokens, "New tokens per prompt (default 4)")
+                    app.add_option("--max-tokens", o->max_tokens,
+                                   "New tokens per prompt (default 4)")
                         ->check(integer_in(1, int64_t(1) << 20));
                     return [o] { return run_diff(*o); };
                   });

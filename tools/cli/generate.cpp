@@ -6,7 +6,6 @@
 // (load time, tokens, time to first token, decode rate) ends the run on stderr.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
 
 #include <atomic>
@@ -65,7 +64,8 @@ struct Prepared {
 };
 
 Prepared prepare(const GenerateCli& o) {
-  if (auto p = runtime::sampling_problem({o.temperature, o.top_k, o.top_p, o.seed}, kSamplingNames); !p.empty())
+  if (auto p = runtime::sampling_problem({o.temperature, o.top_k, o.top_p, o.seed}, kSamplingNames);
+      !p.empty())
     DI_USAGE("{}", p);
   if (o.gemm == "bf16" && o.quantize == "fp8")
     DI_USAGE(
@@ -87,7 +87,9 @@ Prepared prepare(const GenerateCli& o) {
       throw UsageError(e.what());
     }
   }
-  if (prompts.empty()) DI_USAGE("no prompt: give --prompt TEXT, or --prompts-file FILE with one prompt per line (- for stdin)");
+  if (prompts.empty())
+    DI_USAGE(
+        "no prompt: give --prompt TEXT, or --prompts-file FILE with one prompt per line (- for stdin)");
   const model::ModelConfig cfg = model::load_config(o.model);
   Tokenizer tok = Tokenizer::from_dir(o.model);
   std::vector<std::vector<int32_t>> ids;
@@ -102,11 +104,13 @@ Prepared prepare(const GenerateCli& o) {
     r.prompt = ids.back();
     r.max_new_tokens = o.max_tokens;
     r.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
-    if (auto problem = runtime::request_problem(r, cfg.vocab_size, cfg.max_position_embeddings, kSamplingNames);
+    if (auto problem = runtime::request_problem(r, cfg.vocab_size, cfg.max_position_embeddings,
+                                                kSamplingNames);
         !problem.empty()) {
-      const std::string which = !o.prompts_file.empty() ? fmt::format("--prompts-file line {}", p.index + 1)
-                                : prompts.size() == 1   ? std::string("--prompt")
-                                                        : fmt::format("--prompt number {}", p.index + 1);
+      const std::string which =
+          !o.prompts_file.empty() ? fmt::format("--prompts-file line {}", p.index + 1)
+          : prompts.size() == 1   ? std::string("--prompt")
+                                  : fmt::format("--prompt number {}", p.index + 1);
       DI_USAGE("{}: {}; shorten the prompt or lower --max-tokens", which, problem);
     }
   }
@@ -136,7 +140,10 @@ int run_generate(const GenerateCli& o) {
     const auto t_gen = std::chrono::steady_clock::now();
     runtime::EngineOptions eo;
     eo.max_tokens_per_step = o.max_tokens_per_step;
-    if (!o.algo.empty()) eo.model.ep_algo = o.algo == "ag" ? EpAlgo::ag : o.algo == "a2a" ? EpAlgo::a2a : EpAlgo::automatic;
+    if (!o.algo.empty())
+      eo.model.ep_algo = o.algo == "ag"    ? EpAlgo::ag
+                         : o.algo == "a2a" ? EpAlgo::a2a
+                                           : EpAlgo::automatic;
     runtime::Engine engine(ctx.weights, ctx.group, eo);
     std::vector<runtime::Request> reqs;
     const int W = ctx.group.size(), rank = ctx.group.rank();
@@ -148,8 +155,10 @@ int run_generate(const GenerateCli& o) {
       r.max_new_tokens = o.max_tokens;
       r.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
       if (!o.ignore_eos) {
-        if (auto e = tok.eos_id()) r.stop_ids.push_back(*e);
-        else if (ctx.weights->config.eos_token_id >= 0) r.stop_ids.push_back(int32_t(ctx.weights->config.eos_token_id));
+        if (auto e = tok.eos_id())
+          r.stop_ids.push_back(*e);
+        else if (ctx.weights->config.eos_token_id >= 0)
+          r.stop_ids.push_back(int32_t(ctx.weights->config.eos_token_id));
       }
       reqs.push_back(std::move(r));
     }
@@ -196,9 +205,12 @@ int run_generate(const GenerateCli& o) {
     if (rank != 0) return;
     const int64_t decoded = counts[0] - counts[1];  // tokens after each sequence's first
     const double decode_s = times[1] - times[0];
-    std::string rate = decoded > 0 && decode_s > 0 ? fmt::format("{:.1f} tokens/s", double(decoded) / decode_s) : "n/a";
+    std::string rate = decoded > 0 && decode_s > 0
+                           ? fmt::format("{:.1f} tokens/s", double(decoded) / decode_s)
+                           : "n/a";
     std::fprintf(stderr,
-                 "generate: load %.2f s, %lld prompt tokens, %lld generated, first token after %.3f s, decode %s\n",
+                 "generate: load %.2f s, %lld prompt tokens, %lld generated, first token after "
+                 "%.3f s, decode %s\n",
                  load_s, static_cast<long long>(prompt_tokens), static_cast<long long>(counts[0]),
                  times[0] < 1e300 ? times[0] : 0.0, rate.c_str());
   });
@@ -210,20 +222,29 @@ DEEPINFER_COMMAND("", "generate", "Generate text from a DeepSeek checkpoint, str
                     auto o = std::make_shared<GenerateCli>();
                     app.add_option("--model", o->model, "Checkpoint folder (config.json, safetensors, tokenizer.json)")
                         ->required();
-                    auto* prompt = app.add_option("--prompt", o->prompts, "Prompt text (repeatable; output [i] is the i-th)");
-                    app.add_option("--prompts-file", o->prompts_file,
-                                   "File with one prompt per line, - for stdin; output [i] is line i counting from 0 "
-                                   "(empty lines hold no prompt but keep their number; CRLF is fine)")
+                    auto* prompt = app.add_option(
+                        "--prompt", o->prompts, "Prompt text (repeatable; output [i] is the i-th)");
+                    app.add_option(
+                           "--prompts-file", o->prompts_file,
+                           "File with one prompt per line, - for stdin; output [i] is line i counting from 0 "
+                           "(empty lines hold no prompt but keep their number; CRLF is fine)")
                         ->excludes(prompt);
-                    app.add_option("--max-tokens", o->max_tokens, "New tokens per prompt (default 64)")
+                    app.add_option("--max-tokens", o->max_tokens,
+                                   "New tokens per prompt (default 64)")
                         ->check(integer_in(1, int64_t(1) << 20));
-                    app.add_option("--temperature", o->temperature, "Sampling temperature >= 0; 0 = greedy (default)")
+                    app.add_option("--temperature", o->temperature,
+                                   "Sampling temperature >= 0; 0 = greedy (default)")
                         ->check(a_number());
-                    app.add_option("--top-p", o->top_p, "Nucleus sampling threshold in (0, 1] (default 1)")->check(a_number());
-                    app.add_option("--top-k", o->top_k, "Keep the k most likely tokens, k >= 0; 0 = all (default)")
+                    app.add_option("--top-p", o->top_p,
+                                   "Nucleus sampling threshold in (0, 1] (default 1)")
+                        ->check(a_number());
+                    app.add_option("--top-k", o->top_k,
+                                   "Keep the k most likely tokens, k >= 0; 0 = all (default)")
                         ->check(integer_in(INT32_MIN, INT32_MAX, "INT >= 0"));
-                    app.add_option("--seed", o->seed, "Sampling seed (default 0)")->check(integer_in(0, INT64_MAX, "INT >= 0"));
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1; under mpirun, the processes)")
+                    app.add_option("--seed", o->seed, "Sampling seed (default 0)")
+                        ->check(integer_in(0, INT64_MAX, "INT >= 0"));
+                    app.add_option("--ep", o->ep,
+                                   "Expert-parallel ranks (default 1; under mpirun, the processes)")
                         ->check(integer_in(1, 1024));
                     app.add_option("--comm", o->comm,
                                    "local (threads) or mpi (one process per rank); default: mpi when started by "
@@ -234,11 +255,13 @@ DEEPINFER_COMMAND("", "generate", "Generate text from a DeepSeek checkpoint, str
                     app.add_flag("--chat", o->chat, "Wrap the prompt in the DeepSeek-V3 chat format");
                     app.add_option("--gemm", o->gemm, "Linear layers: fp8 (block-scaled, default) or bf16")
                         ->check(CLI::IsMember({"fp8", "bf16"}));
-                    app.add_option("--quantize", o->quantize,
-                                   "fp8: quantize BF16 weights to FP8 128x128 at load (for --gemm fp8)")
+                    app.add_option(
+                           "--quantize", o->quantize,
+                           "fp8: quantize BF16 weights to FP8 128x128 at load (for --gemm fp8)")
                         ->check(CLI::IsMember({"fp8"}));
                     app.add_option("--max-step-tokens", o->max_tokens_per_step,
-                                   "New tokens per forward per rank; longer prompts prefill in chunks (default 256)")
+                                   "New tokens per forward per rank; longer prompts prefill in "
+                                   "chunks (default 256)")
                         ->check(integer_in(1, int64_t(1) << 20));
                     app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
                     return [o] { return run_generate(*o); };

@@ -1,8 +1,6 @@
 // The `deepinfer` command: check, bench, generate, tokenize, diff. Commands register themselves
 // (command.h); this file only builds the CLI11 tree, runs the chosen one and turns its errors
 // into messages and exit codes (0 ok, 1 failed, 2 a usage error, 3 a collective timed out).
-#include "command.h"
-
 #include <deepinfer/error.h>
 #include <deepinfer/tensor.h>
 
@@ -13,6 +11,7 @@
 #include <map>
 
 #include "comm/platform.h"
+#include "command.h"
 #include "core/env.h"
 
 #ifndef DEEPINFER_VERSION
@@ -37,10 +36,12 @@ CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& help) {
       [lo, hi](std::string& s) -> std::string {
         int64_t v = 0;
         auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-        if (ec == std::errc::result_out_of_range || (ec == std::errc() && p == s.data() + s.size() && (v < lo || v > hi)))
+        if (ec == std::errc::result_out_of_range ||
+            (ec == std::errc() && p == s.data() + s.size() && (v < lo || v > hi)))
           return fmt::format("expects an integer in [{}, {}], got {}", lo, hi, s);
         if (ec != std::errc() || p != s.data() + s.size() || s.empty())
-          return fmt::format("expects an integer in [{}, {}], got '{}', which is not an integer", lo, hi, s);
+          return fmt::format("expects an integer in [{}, {}], got '{}', which is not an integer",
+                             lo, hi, s);
         return {};
       },
       desc);
@@ -81,8 +82,9 @@ void check_mpi_world(CommKind comm, int world, const std::string& option) {
         "threads in this process",
         option, world);
   if (launch->processes != world)
-    DI_USAGE("{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch sets it)",
-             option, world, launch->processes);
+    DI_USAGE(
+        "{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch sets it)",
+        option, world, launch->processes);
 }
 
 namespace {
@@ -104,7 +106,8 @@ std::string command_list(const CLI::App& app) {
     if (!s.empty()) s += ", ";
     s += sub->get_name();
     std::string inner;
-    for (const CLI::App* leaf : sub->get_subcommands({})) inner += (inner.empty() ? " " : "|") + leaf->get_name();
+    for (const CLI::App* leaf : sub->get_subcommands({}))
+      inner += (inner.empty() ? " " : "|") + leaf->get_name();
     s += inner;
   }
   return s;
@@ -121,26 +124,35 @@ const CLI::App* find_sub(const CLI::App& app, const std::string& name) {
 int check_command_words(const CLI::App& app, int argc, char** argv) {
   auto is_option = [](const char* a) { return a[0] == '-'; };
   if (argc < 2) {
-    std::fprintf(stderr, "deepinfer: no command given; the commands are: %s\nRun `deepinfer --help` for more.\n",
-                 command_list(app).c_str());
+    std::fprintf(
+        stderr,
+        "deepinfer: no command given; the commands are: %s\nRun `deepinfer --help` for more.\n",
+        command_list(app).c_str());
     return 2;
   }
   if (is_option(argv[1])) return -1;
   const CLI::App* sub = find_sub(app, argv[1]);
   if (!sub) {
-    std::fprintf(stderr, "deepinfer: unknown command '%s'; the commands are: %s\nRun `deepinfer --help` for more.\n",
-                 argv[1], command_list(app).c_str());
+    std::fprintf(
+        stderr,
+        "deepinfer: unknown command '%s'; the commands are: %s\nRun `deepinfer --help` for more.\n",
+        argv[1], command_list(app).c_str());
     return 2;
   }
   if (sub->get_subcommands({}).empty()) return -1;
   const std::string leaves = command_list(*sub);
-  if (argc < 3 || (is_option(argv[2]) && std::string(argv[2]) != "--help" && std::string(argv[2]) != "-h")) {
-    std::fprintf(stderr, "deepinfer %s: which one? the commands are: %s\nRun `deepinfer %s --help` for more.\n",
-                 argv[1], leaves.c_str(), argv[1]);
+  if (argc < 3 ||
+      (is_option(argv[2]) && std::string(argv[2]) != "--help" && std::string(argv[2]) != "-h")) {
+    std::fprintf(
+        stderr,
+        "deepinfer %s: which one? the commands are: %s\nRun `deepinfer %s --help` for more.\n",
+        argv[1], leaves.c_str(), argv[1]);
     return 2;
   }
   if (!is_option(argv[2]) && !find_sub(*sub, argv[2])) {
-    std::fprintf(stderr, "deepinfer %s: unknown command '%s'; the commands are: %s\nRun `deepinfer %s --help` for more.\n",
+    std::fprintf(stderr,
+                 "deepinfer %s: unknown command '%s'; the commands are: %s\nRun `deepinfer %s "
+                 "--help` for more.\n",
                  argv[1], argv[2], leaves.c_str(), argv[1]);
     return 2;
   }
@@ -155,7 +167,8 @@ int main(int argc, char** argv) {
   keep_freed_host_memory();
   CLI::App app{"deepinfer: DeepSeek-architecture MoE inference with expert parallelism over any collective backend"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("deepinfer ") + DEEPINFER_VERSION, "Print the version and exit");
+  app.set_version_flag("--version", std::string("deepinfer ") + DEEPINFER_VERSION,
+                       "Print the version and exit");
   bool help_env = false;
   app.add_flag("--help-env", help_env, "List the DEEPINFER_* environment knobs and exit");
 
@@ -207,13 +220,17 @@ int main(int argc, char** argv) {
     if (!cli::other_rank_of_a_launch()) std::fprintf(stderr, "deepinfer: error: %s\n", e.what());
     return 2;
   } catch (const InternalError& e) {
-    std::fprintf(stderr, "deepinfer: internal error (a bug; please report it with the command line): %s\n", e.what());
+    std::fprintf(stderr,
+                 "deepinfer: internal error (a bug; please report it with the command line): %s\n",
+                 e.what());
     return 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "deepinfer: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "deepinfer: internal error (a bug; please report it with the command line): %s\n", e.what());
+    std::fprintf(stderr,
+                 "deepinfer: internal error (a bug; please report it with the command line): %s\n",
+                 e.what());
     return 1;
   }
 }
