@@ -99,6 +99,7 @@ struct LaunchOptions {
   int world = 1;           // local: number of rank threads; mpi: checked against the launcher
   std::string fault;       // empty, or a fault name for the `faulty` wrapper
   double timeout_s = 0;    // 0 = DEEPINFER_COMM_TIMEOUT_S
+  std::string world_option = "--world";  // how the caller's user sets `world`, for messages
 };
 
 // Runs fn(group) on every rank: `world` threads for local, this process for mpi (MPI is

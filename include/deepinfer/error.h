@@ -20,10 +20,18 @@ class CommTimeout : public Error {
   using Error::Error;
 };
 
+// A DI_CHECK failed: an internal assertion, i.e. a bug, not a user's mistake. Its message names
+// the condition and the source line. Errors a user can fix are thrown with DI_FAIL instead, and
+// say what is wrong and what to do without pointing into the source.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] inline void check_failed(const char* cond, const char* file, int line,
                                       const std::string& msg) {
-  throw Error(fmt::format("{} (check `{}` failed at {}:{})", msg, cond, file, line));
+  throw InternalError(fmt::format("{} (check `{}` failed at {}:{})", msg, cond, file, line));
 }
 }  // namespace detail
 

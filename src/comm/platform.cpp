@@ -1,7 +1,7 @@
 #include "comm/platform.h"
 
+#include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
 #include <pthread.h>
 #include <sched.h>
 
@@ -64,6 +64,38 @@ std::optional<Placement> launcher_placement() {
     if (!v) return std::nullopt;
     return std::string(v);
   });
+}
+
+std::optional<MultiProcessLaunch> multi_process_launch(
+    const std::function<std::optional<std::string>(const char*)>& getenv) {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+    if (auto v = getenv(var)) return MultiProcessLaunch{parse_int_var(var, *v), var};
+  }
+  return std::nullopt;
+}
+
+std::optional<MultiProcessLaunch> multi_process_launch() {
+  return multi_process_launch([](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (!v) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+CommKind choose_comm(std::optional<CommKind> option, std::string_view option_name,
+                     std::optional<CommKind> env_comm, CommKind fallback,
+                     const std::optional<MultiProcessLaunch>& launch) {
+  if (!launch || launch->processes <= 1) return option ? *option : env_comm ? *env_comm : fallback;
+  const std::string who = option ? fmt::format("{} local", option_name) : "DEEPINFER_COMM=local";
+  if ((option && *option == CommKind::local) ||
+      (!option && env_comm && *env_comm == CommKind::local))
+    DI_FAIL(
+        "{}, but this process is one of {} started by a launcher ({}={}): each would run its own "
+        "independent local job. Drop {} (under mpirun/srun the ranks are the processes: --comm mpi), "
+        "or run without the launcher to use rank threads",
+        who, launch->processes, launch->variable, launch->processes, who);
+  return CommKind::mpi;
 }
 
 Placement current_placement() {

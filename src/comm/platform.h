@@ -2,10 +2,13 @@
 // launcher's environment (OpenMPI, PMI, Slurm) or, for the `local` backend, the rank thread.
 #pragma once
 
+#include <deepinfer/comm.h>
+
 #include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace deepinfer {
@@ -24,6 +27,27 @@ struct Placement {
 std::optional<Placement> launcher_placement(
     const std::function<std::optional<std::string>(const char*)>& getenv);
 std::optional<Placement> launcher_placement();  // from the real environment
+
+// A launch of several processes (mpirun, mpiexec, srun): the size the launcher gave and the
+// variable that says so. Checked in this order: OMPI_COMM_WORLD_SIZE (Open MPI), PMI_SIZE (MPICH,
+// Intel MPI), PMIX_SIZE, SLURM_STEP_NUM_TASKS (srun; SLURM_NTASKS alone is also set inside an
+// sbatch script that starts one process). nullopt when no launcher says so; a malformed value is
+// an Error naming the variable.
+struct MultiProcessLaunch {
+  int processes = 1;
+  std::string variable;  // e.g. "OMPI_COMM_WORLD_SIZE"
+};
+std::optional<MultiProcessLaunch> multi_process_launch(
+    const std::function<std::optional<std::string>(const char*)>& getenv);
+std::optional<MultiProcessLaunch> multi_process_launch();  // from the real environment
+
+// The backend a command runs on. `option` is what the user typed (e.g. --comm, nullopt if not),
+// `env_comm` what DEEPINFER_COMM says (nullopt if unset), `fallback` the default. Under a launch
+// of more than one process, the answer is mpi: each process running its own `local` job would
+// print everything N times, so an explicit local there is an Error naming who asked for it.
+CommKind choose_comm(std::optional<CommKind> option, std::string_view option_name,
+                     std::optional<CommKind> env_comm, CommKind fallback,
+                     const std::optional<MultiProcessLaunch>& launch);
 
 // This thread's placement: the `local` rank thread's if inside run_ranks(local), else the
 // launcher's, else rank 0 of 1.

@@ -47,8 +47,9 @@ struct Outcome {
 
 void run_local(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
   const int n = opts.world;
-  DI_CHECK(n >= 1 && n <= comm::kMaxLocalWorld,
-           "--world must be in [1, {}] for the local backend, got {}", comm::kMaxLocalWorld, n);
+  if (n < 1 || n > comm::kMaxLocalWorld)
+    DI_FAIL("{} must be in [1, {}] for the local backend, got {}", opts.world_option,
+            comm::kMaxLocalWorld, n);
   const double timeout_s = comm::resolve_timeout(opts.timeout_s);
   const auto caps = capabilities_override();
   if (!opts.fault.empty()) comm::check_fault_name(opts.fault);
@@ -100,9 +101,16 @@ void run_mpi(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (opts.world > 1 && opts.world != size && size == 1 && !launcher_placement())
+    DI_FAIL(
+        "{0} {1} with --comm mpi needs {1} processes, one per rank, but this one was not started by "
+        "mpirun: launch it as `mpirun -np {1} deepinfer ...`, or use --comm local to run {1} rank "
+        "threads in this process",
+        opts.world_option, opts.world);
   if (opts.world > 1 && opts.world != size)
-    DI_FAIL("--world {} but mpirun started {} processes; use `mpirun -np {}` or drop --world",
-            opts.world, size, opts.world);
+    DI_FAIL(
+        "{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch sets it)",
+        opts.world_option, opts.world, size);
   set_log_rank(rank, size);
   if (auto p = launcher_placement(); p && (p->rank != rank || p->world != size))
     log_warn("launcher environment says rank {} of {} ({}), MPI says rank {} of {}; using MPI's",

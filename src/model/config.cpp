@@ -3,6 +3,7 @@
 #include <deepinfer/error.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -182,6 +183,19 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
     c.ue8m0_scales = sf == "ue8m0";
   }
   return c;
+}
+
+void check_model_dir(const std::string& dir, const std::string& option) {
+  constexpr const char* kHolds =
+      "the folder that holds config.json, the *.safetensors and tokenizer.json (e.g. models/tiny)";
+  std::error_code ec;
+  const auto st = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(st)) DI_FAIL("{} {}: no such folder; give {}", option, dir, kHolds);
+  if (!std::filesystem::is_directory(st))
+    DI_FAIL("{} {} is a file, not a folder; give {}", option, dir, kHolds);
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec))
+    DI_FAIL("{} {} has no config.json, so it is not a HuggingFace checkpoint folder; give {}",
+            option, dir, kHolds);
 }
 
 ModelConfig load_config(const std::string& dir) {

@@ -68,6 +68,10 @@ struct ModelConfig {
 
 // Parses and validates `dir/config.json`. Throws Error naming the file and the field.
 ModelConfig load_config(const std::string& dir);
+
+// Throws Error saying what is wrong and what to give instead when `dir` is not a checkpoint folder
+// (missing, a file, or without config.json). `option` names where the user gave it.
+void check_model_dir(const std::string& dir, const std::string& option = "--model");
 ModelConfig parse_config(const std::string& json_text, const std::string& source);
 
 }  // namespace deepinfer::model

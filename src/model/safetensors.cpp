@@ -15,6 +15,19 @@
 
 namespace deepinfer::model {
 
+std::string unsupported_dtype_hint(const std::string& dtype) {
+  if (dtype == "F16") return "convert the checkpoint's F16 tensors to BF16";
+  if (dtype.rfind("F8_", 0) == 0)
+    return fmt::format(
+        "convert the {} tensors to F8_E4M3 (OCP e4m3fn, as DeepSeek-V3 ships) with their block scales, "
+        "or to BF16",
+        dtype);
+  if (dtype.rfind("F", 0) == 0)
+    return fmt::format("convert the checkpoint's {} tensors to BF16", dtype);
+  return fmt::format(
+      "no DeepSeek tensor is {}: re-export the checkpoint with BF16 or F8_E4M3 weights", dtype);
+}
+
 namespace {
 
 using nlohmann::json;
@@ -30,9 +43,9 @@ DType parse_dtype(const std::string& s, const std::string& where) {
   if (s == "U8") return DType::u8;
   if (s == "I32") return DType::i32;
   if (s == "I64") return DType::i64;
-  DI_FAIL("{}: dtype {} is not supported (supported: F32, F64, BF16, F8_E4M3, F8_E5M2, I8, U8, I32, I64); "
-          "convert the checkpoint's F16 tensors to BF16",
-          where, s);
+  DI_FAIL(
+      "{}: dtype {} is not supported (supported: F32, F64, BF16, F8_E4M3, F8_E5M2, I8, U8, I32, I64); {}",
+      where, s, unsupported_dtype_hint(s));
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -62,6 +75,14 @@ int64_t TensorView::numel() const {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   return n;
+}
+
+std::string mismatch_message(const TensorView& t, DType dtype, const std::vector<int64_t>& shape) {
+  return fmt::format(
+      "tensor {} in {} is {}{}, but config.json implies {}{}: the weights do not match config.json "
+      "(a config.json of another model size, or an incomplete conversion?)",
+      t.name, std::filesystem::path(t.file).filename().string(), safetensors_dtype_name(t.dtype),
+      shape_str(t.shape), safetensors_dtype_name(dtype), shape_str(shape));
 }
 
 std::string TensorView::describe() const {
@@ -194,9 +215,7 @@ const TensorView& Checkpoint::get(const std::string& name) const {
 const TensorView& Checkpoint::get(const std::string& name, DType dtype,
                                   const std::vector<int64_t>& shape) const {
   const TensorView& t = get(name);
-  if (t.dtype != dtype || t.shape != shape)
-    DI_FAIL("tensor {} is {}{} but config.json implies {}{}", t.describe(), dtype_name(t.dtype),
-            shape_str(t.shape), dtype_name(dtype), shape_str(shape));
+  if (t.dtype != dtype || t.shape != shape) DI_FAIL("{}", mismatch_message(t, dtype, shape));
   return t;
 }
 

@@ -82,4 +82,10 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
 
 const char* safetensors_dtype_name(DType dtype);
 
+// What to do about a safetensors dtype deepinfer does not read (e.g. F16: convert to BF16).
+std::string unsupported_dtype_hint(const std::string& dtype);
+
+// "tensor NAME in FILE is BF16[2048, 256], but config.json implies BF16[2048, 512]: ..."
+std::string mismatch_message(const TensorView& t, DType dtype, const std::vector<int64_t>& shape);
+
 }  // namespace deepinfer::model

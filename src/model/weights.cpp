@@ -34,7 +34,7 @@ class Loader {
     const std::string wname = prefix + ".weight";
     const TensorView& w = ckpt_.get(wname);
     if (w.shape != std::vector<int64_t>{out, in})
-      DI_FAIL("tensor {} but config.json implies [{}, {}]", w.describe(), out, in);
+      DI_FAIL("{}", mismatch_message(w, w.dtype, {out, in}));
     if (w.dtype == DType::e4m3) {
       const auto& s = ckpt_.get(prefix + ".weight_scale_inv", DType::f32, {blocks(out), blocks(in)});
       l.w_fp8 = w.as<fp8_e4m3>();
@@ -80,6 +80,13 @@ class Loader {
     l.w_bf16 = l.owned_w.data<bf16>();
     l.w_fp8 = nullptr;
     l.w_scale = nullptr;
+  }
+
+  // Ends the progress bar at 100% with its newline: the estimate counts tensors (embedding, head,
+  // router) that are used in place rather than accounted, so the bar would stop short of it.
+  void finish() {
+    done_ = std::max(done_, total_);
+    account(0);
   }
 
  private:
@@ -217,6 +224,7 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     mw->layers.push_back(std::move(L));
   }
   mw->loaded_bytes = ld.loaded();
+  ld.finish();
   return mw;
 }
 

@@ -10,6 +10,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/sampling.h"
+#include "runtime/requests.h"
 
 namespace deepinfer::runtime {
 
@@ -51,14 +52,20 @@ struct Engine::Impl {
   std::vector<RequestResult> generate(const std::vector<Request>& reqs, const TokenCallback& on_token) {
     const auto& cfg = model.config();
     const int64_t V = cfg.vocab_size;
+    // Agreed before the first step: a rank that threw here alone would leave its peers waiting
+    // in the step's all_reduce.
+    std::string problem;
+    for (const auto& r : reqs) {
+      problem = request_problem(r, V, cfg.max_position_embeddings);
+      if (!problem.empty()) {
+        problem = fmt::format("request {}: {}", r.id, problem);
+        break;
+      }
+    }
+    agree_or_throw(group, problem);
     int64_t pages = 1;
     for (const auto& r : reqs) {
-      DI_CHECK(!r.prompt.empty(), "request {}: empty prompt", r.id);
-      DI_CHECK(r.max_new_tokens >= 1, "request {}: max_new_tokens must be >= 1, got {}", r.id, r.max_new_tokens);
       const int64_t len = int64_t(r.prompt.size()) + r.max_new_tokens;
-      if (len > cfg.max_position_embeddings)
-        DI_FAIL("request {}: prompt ({} tokens) + max new tokens ({}) exceed the model's max_position_embeddings {}",
-                r.id, r.prompt.size(), r.max_new_tokens, cfg.max_position_embeddings);
       pages += (len + kernels::kMlaPageSize - 1) / kernels::kMlaPageSize;
     }
     model::PagedKvCache cache(model.kv_cache_config(pages));

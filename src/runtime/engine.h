@@ -17,9 +17,9 @@
 namespace deepinfer::runtime {
 
 struct SamplingConfig {
-  float temperature = 0.0f;  // <= 0: greedy
-  int32_t top_k = 0;         // <= 0: no top-k filter
-  float top_p = 1.0f;        // 1: no top-p filter
+  float temperature = 0.0f;  // >= 0; 0: greedy
+  int32_t top_k = 0;         // >= 0; 0: no top-k filter
+  float top_p = 1.0f;        // in (0, 1]; 1: no top-p filter
   uint64_t seed = 0;
 };
 
@@ -67,7 +67,9 @@ class Engine {
   ~Engine();
 
   // Collective: every rank calls it (with its own requests, possibly none) and it returns when
-  // all ranks are done. Results are this rank's requests, in request order.
+  // all ranks are done. Results are this rank's requests, in request order. The requests are
+  // checked (request_problem) before the first step and the ranks agree on the outcome: one bad
+  // request on any rank is the same Error on every rank, and no rank is left waiting.
   std::vector<RequestResult> generate(const std::vector<Request>& requests, const TokenCallback& on_token = {});
 
   model::DeepseekModel& model();

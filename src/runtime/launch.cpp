@@ -51,13 +51,14 @@ void run_ranks_with_pools(const LaunchOptions& lo, const std::function<void(Grou
 }
 
 void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(RankContext&)>& fn) {
-  DI_CHECK(opts.ep >= 1, "--ep must be >= 1, got {}", opts.ep);
+  if (opts.ep < 1) DI_FAIL("{} must be >= 1, got {}", opts.world_option, opts.ep);
   kernels::check_fault_knob();  // a fault naming no kernel op fails before anything loads
   const model::ModelConfig cfg = model::load_config(opts.model_dir);
   auto checkpoint = std::make_shared<const model::Checkpoint>(opts.model_dir);
   LaunchOptions lo;
   lo.comm = opts.comm;
   lo.world = opts.ep;
+  lo.world_option = opts.world_option;
   run_ranks_with_pools(lo, [&](Group& group) {
     model::LoadOptions ld;
     ld.ep_rank = group.rank();

@@ -70,6 +70,52 @@ TEST(Platform, NoLauncherAndBadValues) {
   EXPECT_THROW(launcher_placement(env_of({{"PMI_RANK", "4"}, {"PMI_SIZE", "4"}})), Error);
 }
 
+TEST(Platform, MultiProcessLaunchFromEachLauncher) {
+  EXPECT_FALSE(multi_process_launch(env_of({})));
+  // sbatch sets SLURM_NTASKS for the batch script's single process too: not a launch of several.
+  EXPECT_FALSE(multi_process_launch(env_of({{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}})));
+  for (const char* var :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+    auto l = multi_process_launch(env_of({{var, "3"}}));
+    ASSERT_TRUE(l) << var;
+    EXPECT_EQ(l->processes, 3) << var;
+    EXPECT_EQ(l->variable, var);
+  }
+  EXPECT_THROW(multi_process_launch(env_of({{"PMI_SIZE", "two"}})), Error);
+}
+
+TEST(Platform, ChooseCommTakesMpiUnderALaunchOfSeveralProcesses) {
+  const MultiProcessLaunch two{2, "OMPI_COMM_WORLD_SIZE"}, one{1, "OMPI_COMM_WORLD_SIZE"};
+  // No launch (or one process): the option, else DEEPINFER_COMM, else the default.
+  EXPECT_EQ(choose_comm(std::nullopt, "--comm", std::nullopt, CommKind::local, std::nullopt),
+            CommKind::local);
+  EXPECT_EQ(choose_comm(CommKind::mpi, "--comm", CommKind::local, CommKind::local, std::nullopt),
+            CommKind::mpi);
+  EXPECT_EQ(choose_comm(std::nullopt, "--comm", CommKind::mpi, CommKind::local, one),
+            CommKind::mpi);
+  EXPECT_EQ(choose_comm(CommKind::local, "--comm", std::nullopt, CommKind::local, one),
+            CommKind::local);
+  // Under mpirun -np 2: mpi unless someone asked for local, which is an error naming who.
+  EXPECT_EQ(choose_comm(std::nullopt, "--comm", std::nullopt, CommKind::local, two), CommKind::mpi);
+  EXPECT_EQ(choose_comm(CommKind::mpi, "--comm", std::nullopt, CommKind::local, two),
+            CommKind::mpi);
+  try {
+    choose_comm(CommKind::local, "--comm", std::nullopt, CommKind::local, two);
+    ADD_FAILURE() << "--comm local under a launch of 2 processes was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--comm local"), std::string::npos) << m;
+    EXPECT_NE(m.find("OMPI_COMM_WORLD_SIZE=2"), std::string::npos) << m;
+    EXPECT_EQ(m.find("check `"), std::string::npos) << m;
+  }
+  try {
+    choose_comm(std::nullopt, "--comm", CommKind::local, CommKind::local, two);
+    ADD_FAILURE() << "DEEPINFER_COMM=local under a launch of 2 processes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DEEPINFER_COMM=local"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Platform, LocalRankThreadsKnowTheirPlace) {
   std::vector<Placement> seen(6);
   run_ranks(test::local_opts(6), [&](Group& g) { seen[size_t(g.rank())] = current_placement(); });

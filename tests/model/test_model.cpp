@@ -70,6 +70,64 @@ TEST(Safetensors, TruncatedMissingWrongShapeAndDtype) {
   fs::remove_all(dir);
 }
 
+// Each part once: the tensor, its file, the file's dtype and shape, what config.json implies.
+TEST(Safetensors, MismatchNamesTensorFileShapeAndExpectedOnce) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("deepinfer_mismatch_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<uint16_t> data(64, 0x3f80);
+  write_safetensors((dir / "model.safetensors").string(),
+                    {{"a.weight", DType::bf16, {8, 8}, data.data()}});
+  {
+    Checkpoint ck(dir.string());
+    const std::string msg = error_of([&] { ck.get("a.weight", DType::bf16, {8, 4}); });
+    EXPECT_EQ(msg.rfind("tensor a.weight in model.safetensors is BF16[8, 8], but config.json implies BF16[8, 4]",
+                        0),
+              0u)
+        << msg;
+    EXPECT_EQ(msg.find("[8, 8]"), msg.rfind("[8, 8]")) << msg;
+    EXPECT_EQ(msg.find("check `"), std::string::npos) << msg;
+  }
+  fs::remove_all(dir);
+}
+
+// The advice follows the dtype: F16 converts to BF16, a non-OCP fp8 to F8_E4M3, others re-export.
+TEST(Safetensors, UnsupportedDtypeAdviceDependsOnTheDtype) {
+  EXPECT_NE(unsupported_dtype_hint("F16").find("F16 tensors to BF16"), std::string::npos);
+  EXPECT_NE(unsupported_dtype_hint("F8_E4M3FNUZ").find("F8_E4M3FNUZ tensors to F8_E4M3"),
+            std::string::npos);
+  EXPECT_EQ(unsupported_dtype_hint("BOOL").find("F16 tensors"), std::string::npos);
+  EXPECT_NE(unsupported_dtype_hint("BOOL").find("BOOL"), std::string::npos);
+  // Through the loader: a header naming F16 gets the F16 advice, BOOL does not.
+  const fs::path dir =
+      fs::temp_directory_path() / ("deepinfer_dtype_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const std::string dtype : {"F16", "BOOL"}) {
+    const std::string header =
+        R"({"a":{"dtype":")" + dtype + R"(","shape":[2],"data_offsets":[0,4]}})";
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(4, '\0');
+    out.close();
+    const std::string msg = error_of([&] { Checkpoint ck(dir.string()); });
+    EXPECT_NE(msg.find("dtype " + dtype + " is not supported"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("F16 tensors") != std::string::npos, dtype == "F16") << msg;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Config, ModelDirIsCheckedBeforeItsFiles) {
+  const std::string missing = error_of([] { check_model_dir("/no/such/model"); });
+  EXPECT_NE(missing.find("--model /no/such/model: no such folder"), std::string::npos) << missing;
+  EXPECT_EQ(missing.find("tokenizer.json not"), std::string::npos) << missing;
+  const std::string file = error_of([] { check_model_dir(kTiny + "/config.json"); });
+  EXPECT_NE(file.find("is a file, not a folder"), std::string::npos) << file;
+  const std::string empty = error_of([] { check_model_dir(fs::temp_directory_path().string()); });
+  EXPECT_NE(empty.find("has no config.json"), std::string::npos) << empty;
+  EXPECT_EQ(error_of([] { check_model_dir(kTiny); }), "");
+}
+
 TEST(KvCache, PagesReserveFreeAndExhaustion) {
   PagedKvCache c({2, 8, 3, 4});
   const int64_t a = c.add_sequence(), b = c.add_sequence();

@@ -344,8 +344,7 @@ Timing time_op(Group& g, Setup& s, int iters, bool raw) {
 
 int run_bench(const BenchOptions& o) {
   LaunchOptions lo;
-  lo.comm =
-      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm = resolve_comm(o.comm);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? kDefaultWorld : 0);
   const size_t bytes = parse_bytes(o.bytes);
   DI_CHECK(bytes >= 1024 && bytes <= (size_t(1) << 30), "--bytes must be in [1K, 1G], got {}", o.bytes);

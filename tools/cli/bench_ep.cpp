@@ -148,8 +148,7 @@ struct Raw {
 
 int run_bench(const BenchEpCli& o) {
   LaunchOptions lo;
-  lo.comm =
-      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm = resolve_comm(o.comm);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? 4 : 0);
   int failures = 0;
   runtime::run_ranks_with_pools(lo, [&](Group& g) {

@@ -10,6 +10,8 @@
 
 #include "comm/capabilities.h"
 #include "comm/conformance/conformance.h"
+#include "comm/faulty/faulty_group.h"
+#include "comm/platform.h"
 #include "command.h"
 #include "core/env.h"
 
@@ -122,11 +124,24 @@ int run_mpi(const CheckOptions& o, const LaunchOptions& lo) {
 
 int run_check(const CheckOptions& o) {
   LaunchOptions lo;
-  lo.comm =
-      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm = resolve_comm(o.comm);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? kDefaultLocalWorld : 0);
   lo.fault = o.fault;
   lo.timeout_s = o.timeout_s;
+  if (!o.fault.empty()) {
+    // The suite must fail under a fault; one that cannot act at this size would let it pass.
+    int world = lo.world;
+    if (lo.comm == CommKind::mpi)
+      world = o.world > 0 ? o.world : (launcher_placement() ? launcher_placement()->world : 1);
+    const int min_world = comm::fault_min_world(o.fault);
+    if (world < min_world)
+      DI_USAGE(
+          "--fault {} acts only at world sizes >= {}, so at {} {} the suite would pass; use {}",
+          o.fault, min_world, lo.comm == CommKind::mpi && o.world == 0 ? "mpirun -np" : "--world",
+          world,
+          lo.comm == CommKind::mpi ? fmt::format("mpirun -np {} (or more)", min_world)
+                                   : fmt::format("--world {} (or more)", min_world));
+  }
   return lo.comm == CommKind::local ? run_local(o, lo) : run_mpi(o, lo);
 }
 
@@ -138,12 +153,14 @@ DEEPINFER_COMMAND(
       auto o = std::make_shared<CheckOptions>();
       app.add_option("--comm", o->comm, "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
           ->check(CLI::IsMember({"local", "mpi"}));
-      app.add_option("--world", o->world,
-                     fmt::format("Ranks: local threads (default {}); mpi checks it against mpirun -np",
-                                 kDefaultLocalWorld))
-          ->check(CLI::Range(1, 1024));
+      app.add_option(
+             "--world", o->world,
+             fmt::format("Ranks: local threads (default {}); mpi checks it against mpirun -np",
+                         kDefaultLocalWorld))
+          ->check(integer_in(1, 1024));
       std::vector<std::string> faults;
-      std::string fault_help = "Inject a fault (the suite must then fail):";
+      std::string fault_help =
+          "Inject a fault; the suite must then fail (each acts only from some world size up; see README):";
       for (const auto& f : fault_names()) {
         faults.emplace_back(f.first);
         fault_help += " " + faults.back();

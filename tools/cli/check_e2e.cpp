@@ -12,10 +12,7 @@
 // `e2e: N passed, M failed`; exit code 1 on any failure.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -23,11 +20,13 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "command.h"
 #include "core/env.h"
+#include "model/config.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
 
@@ -61,8 +60,11 @@ struct GoldenPrompt {
 std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, int64_t& max_new) {
   const std::string path = dir + "/golden/golden.json";
   std::ifstream in(path);
-  DI_CHECK(in.good(), "cannot read {}: the model folder has no golden data (tools/reference/write_golden.py writes it)",
-           path);
+  if (!in)
+    DI_USAGE(
+        "--model {} has no golden data ({} is missing): check e2e compares against golden/ written by "
+        "tools/reference/write_golden.py; give a model folder that has it (models/tiny does)",
+        dir, path);
   nlohmann::json j;
   try {
     in >> j;
@@ -115,13 +117,19 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 }
 
 int run_check_e2e(const CheckE2eCli& o) {
+  const CommKind comm = resolve_comm(o.comm);
+  check_mpi_world(comm, o.ep, "--ep");
+  try {
+    model::check_model_dir(o.model);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   int64_t vocab = 0, max_new = 0;
   const auto golden = read_golden(o.model, vocab, max_new);
   runtime::LaunchModelOptions lo;
   lo.model_dir = o.model;
   lo.ep = o.ep;
-  lo.comm =
-      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm = comm;
   std::vector<runtime::RequestResult> results;
   bool printer = false;
   runtime::run_model_ranks(lo, [&](runtime::RankContext& ctx) {
@@ -261,7 +269,8 @@ DEEPINFER_COMMAND("check", "e2e",
                     auto o = std::make_shared<CheckE2eCli>();
                     app.add_option("--model", o->model, "Model folder with golden/ (default models/tiny)")
                         ->default_val("models/tiny");
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")->check(CLI::Range(1, 1024));
+                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
+                        ->check(integer_in(1, 1024));
                     app.add_option("--comm", o->comm, "local or mpi (default DEEPINFER_COMM)")
                         ->check(CLI::IsMember({"local", "mpi"}));
                     app.add_option("--algo", o->algo, "EP algorithm ag|a2a|auto (default DEEPINFER_EP_ALGO)")

@@ -35,8 +35,7 @@ struct CheckEpCli {
 
 int run_check_ep_cli(const CheckEpCli& o) {
   LaunchOptions lo;
-  lo.comm =
-      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm = resolve_comm(o.comm);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? 4 : 0);
   lo.fault = o.fault;
   lo.timeout_s = o.timeout_s;

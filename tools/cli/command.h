@@ -2,8 +2,10 @@
 // itself with DEEPINFER_COMMAND, so adding a command never edits main.cpp.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include <deepinfer/comm.h>
+#include <deepinfer/error.h>
 
+#include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
 #include <vector>
@@ -22,6 +24,29 @@ struct CommandSpec {
 
 std::vector<CommandSpec>& command_registry();
 bool register_command(CommandSpec spec);
+
+// A mistake in how the command was called, found after parsing (e.g. two options that
+// contradict each other): printed without a source location, exit code 2 like a parse error.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+#define DI_USAGE(...) throw ::deepinfer::cli::UsageError(fmt::format(__VA_ARGS__))
+
+// Option checks whose messages say what the option expects ("--max-tokens: expects an integer
+// in [1, 1048576], got 'abc'"); CLI11 prefixes the option name the user typed.
+CLI::Validator integer_in(int64_t lo, int64_t hi,
+                          const std::string& help = "");  // help: "INT >= 0"
+CLI::Validator a_number();
+
+// The backend for a command whose --comm option holds `typed` ("" if not given), from the
+// option, DEEPINFER_COMM and the launch: mpi under a launch of several processes, where an
+// explicit local is a UsageError.
+CommKind resolve_comm(const std::string& typed);
+
+// Before anything loads: under mpi, `world` ranks given by `option` (e.g. --ep) need a launch
+// of exactly that many processes (world <= 1 takes the launch's size). A UsageError otherwise.
+void check_mpi_world(CommKind comm, int world, const std::string& option);
 
 }  // namespace deepinfer::cli
 

@@ -4,11 +4,12 @@
 // Under EP each rank diffs its own calls and rank 0 merges the tables (all_gather_v).
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -17,8 +18,10 @@
 
 #include "command.h"
 #include "core/env.h"
+#include "core/paths.h"
 #include "kernels/diff/diff_recorder.h"
 #include "kernels/registry.h"
+#include "model/config.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
 #include "tokenizer/tokenizer.h"
@@ -42,7 +45,9 @@ struct DiffCli {
 
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);
-  DI_CHECK(in.good(), "cannot read {} (--golden needs the model's golden/prompts.txt)", path);
+  if (!in)
+    DI_USAGE("cannot read {}: --golden needs the model's golden/prompts.txt (models/tiny has one)",
+             path);
   std::vector<std::string> out;
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) out.push_back(line);
@@ -50,12 +55,21 @@ std::vector<std::string> read_lines(const std::string& path) {
 }
 
 int run_diff(const DiffCli& o) {
+  // Everything a user can get wrong is checked here, before a run that may take minutes.
+  if (!o.json.empty())
+    if (auto problem = output_file_problem(o.json); !problem.empty())
+      DI_USAGE("--json {}: {}", o.json, problem);
+  try {
+    model::check_model_dir(o.model);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   std::vector<std::string> prompts = o.prompts;
   if (o.golden) {
     const auto g = read_lines(o.model + "/golden/prompts.txt");
     prompts.insert(prompts.end(), g.begin(), g.end());
   }
-  DI_CHECK(!prompts.empty(), "deepinfer diff: no prompt: give --prompt TEXT or --golden");
+  if (prompts.empty()) DI_USAGE("no prompt: give --prompt TEXT or --golden");
 
   Knobs k = knobs();
   k.kernels = o.backend == "host" ? "host" : "cpu";
@@ -68,8 +82,8 @@ int run_diff(const DiffCli& o) {
   runtime::LaunchModelOptions lo;
   lo.model_dir = o.model;
   lo.ep = o.ep;
-  lo.comm =
-      o.comm.empty() ? comm_kind_from_knobs() : (o.comm == "mpi" ? CommKind::mpi : CommKind::local);
+  lo.comm = resolve_comm(o.comm);
+  check_mpi_world(lo.comm, o.ep, "--ep");
 
   kd::DiffRecorder rec;
   std::atomic<int> exit_code{0};
@@ -115,8 +129,11 @@ int run_diff(const DiffCli& o) {
     std::fflush(stdout);
     if (!o.json.empty()) {
       std::ofstream out(o.json);
-      DI_CHECK(out.good(), "cannot write --json {}", o.json);
       out << kd::report_json(rep, ro);
+      out.close();
+      if (!out)
+        DI_FAIL("--json {}: writing the report failed ({}); the report above is complete", o.json,
+                std::strerror(errno));
     }
     exit_code = rep.ok() ? 0 : 1;
   });
@@ -130,15 +147,18 @@ DEEPINFER_COMMAND("", "diff", "Replay every kernel call of a run on the host ref
                         ->required();
                     app.add_option("--prompt", o->prompts, "Prompt text (repeatable)");
                     app.add_flag("--golden", o->golden, "Use the model's golden/prompts.txt");
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")->check(CLI::Range(1, 1024));
+                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
+                        ->check(integer_in(1, 1024));
                     app.add_option("--comm", o->comm, "local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
                         ->check(CLI::IsMember({"local", "mpi"}));
                     app.add_option("--backend", o->backend, "Backend under test: cpu (default) or host (self-check)")
                         ->check(CLI::IsMember({"cpu", "host"}));
-                    app.add_option("--top", o->top, "Calls listed in the ranking (default 20)")->check(CLI::Range(0, 1 << 20));
+                    app.add_option("--top", o->top, "Calls listed in the ranking (default 20)")
+                        ->check(integer_in(0, 1 << 20));
                     app.add_option("--json", o->json, "Also write the report as JSON to FILE");
-                    app.add_option("--max-tokens", o->max_tokens, "New tokens per prompt (default 4)")
-                        ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+                    app.add_option("--max-tokens", o->max_tokens,
+                                   "New tokens per prompt (default 4)")
+                        ->check(integer_in(1, int64_t(1) << 20));
                     return [o] { return run_diff(*o); };
                   });
 

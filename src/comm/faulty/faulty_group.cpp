@@ -225,6 +225,16 @@ class FaultyGroup final : public GroupDecorator {
 
 void check_fault_name(const std::string& name) { parse_fault(name); }
 
+int fault_min_world(const std::string& name) {
+  switch (parse_fault(name)) {
+    case Fault::int32_ag_corrupt: return kAgCorruptMinWorld;
+    case Fault::a2av_hang: return kA2avHangMinWorld;
+    case Fault::a2a_diverge: return 2;  // needs a peer whose splits differ
+    case Fault::rank_exit: return 1;
+  }
+  return 1;
+}
+
 std::unique_ptr<Group> make_faulty_group(std::unique_ptr<Group> inner, const std::string& fault,
                                          double timeout_s) {
   return std::make_unique<FaultyGroup>(std::move(inner), fault, timeout_s);

@@ -22,6 +22,10 @@ constexpr int kA2avHangMinWorld = 4;
 // Throws Error listing the known fault names when `name` is not one of them.
 void check_fault_name(const std::string& name);
 
+// The smallest world size at which fault `name` acts; below it the wrapped group behaves
+// correctly, so a suite meant to catch the fault would pass. Throws like check_fault_name.
+int fault_min_world(const std::string& name);
+
 // Throws Error listing the known names when `fault` is unknown. timeout_s is the run's
 // collective deadline (the hang honours it, so the process still exits).
 std::unique_ptr<Group> make_faulty_group(std::unique_ptr<Group> inner, const std::string& fault,
