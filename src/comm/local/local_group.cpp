@@ -454,6 +454,13 @@ void LocalGroup::expose(std::span<const std::span<const std::byte>> regions, std
   all_gather(mine.data(), peers.data(), mine.size() * sizeof(const std::byte*), DType::u8);
 }
 
+void LocalGroup::expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) {
+  std::vector<std::byte*> mine(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
+  peers.assign(regions.size() * size_t(size()), nullptr);
+  all_gather(mine.data(), peers.data(), mine.size() * sizeof(std::byte*), DType::u8);
+}
+
 void LocalGroup::barrier() {
   begin({OpKind::barrier, DType::u8, ReduceOp::sum, 0, 0}, 0);
   sync_start();  // slots are double-buffered, so one meeting is enough
