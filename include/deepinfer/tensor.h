@@ -64,6 +64,15 @@ class Tensor {
     return t;
   }
 
+  // A view of memory that `owner` stands for (data = owner.get()): the tensor and every copy of
+  // it share owner's use count, so whoever hands such views out can tell whether one is alive
+  // (EPBuffer's input places). owning() is true: the owner keeps the count, not the memory.
+  static Tensor borrow(std::shared_ptr<std::byte> owner, DType dtype, std::vector<int64_t> shape) {
+    Tensor t = borrow(owner.get(), dtype, std::move(shape));
+    t.storage_ = std::move(owner);
+    return t;
+  }
+
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   const std::vector<int64_t>& strides() const { return strides_; }

@@ -230,7 +230,10 @@ int run_bench(const BenchEpCli& o) {
       double d_bytes = moved(buf.last_stats());
       const std::string d_lowering = buf.last_stats().lowering;
       g.all_reduce(&d_bytes, 1, DType::f64, ReduceOp::max);
-      // Expert outputs: closed form per (row, expert/rank), as check ep uses.
+      // Expert outputs: closed form per (row, expert/rank), as check ep uses. combine_input reuses
+      // x's place: x is dropped first.
+      d_in.x = {};
+      x_in = {};
       const int64_t rows = out.src.dim(0);
       Tensor y = buf.combine_input(out.handle);
       for (int64_t i = 0; i < rows; ++i) {
