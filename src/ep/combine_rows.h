@@ -11,15 +11,16 @@
 namespace deepinfer::ep {
 
 // y row of received row i for slot j (expand: that slot's expanded row).
-inline const uint16_t* y_row(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i, int j) {
+inline const uint16_t* y_row(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i,
+                             int j) {
   const int64_t row = cfg.expand ? h.expand_slot[size_t(i * cfg.num_topk + j)] : i;
   return y + size_t(row) * size_t(cfg.hidden);
 }
 
 // partial[h] = canon(bf16(Σ_local w_k·y_k[h])) in slot order (fast mode), as bf16 bits and/or
 // their f32 values.
-inline void local_partial(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i, uint16_t* bits,
-                          float* f32) {
+inline void local_partial(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i,
+                          uint16_t* bits, float* f32) {
   const int k = cfg.num_topk;
   std::array<float, 64> w;
   std::array<const uint16_t*, 64> rows;

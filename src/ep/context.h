@@ -27,7 +27,9 @@ struct Context {
 
   // Whether a slot's expert id e (-1: masked) lives on rank r.
   bool on_rank(int64_t e, int r) const { return e >= 0 && owner[size_t(e)] == r; }
-  DType x_dtype() const { return cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16; }
+  DType x_dtype() const {
+    return cfg.dispatch_dtype == DispatchDType::fp8 ? DType::e4m3 : DType::bf16;
+  }
   // Once per process and message (rank 0): the lowering a backend gets is news once, not per call.
   void log_once(const std::string& what) const;
 };

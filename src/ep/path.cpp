@@ -6,20 +6,28 @@ namespace deepinfer::ep {
 
 std::string_view to_string(DispatchPath p) {
   switch (p) {
-    case DispatchPath::ag: return "ag";
-    case DispatchPath::exchange: return "exchange";
-    case DispatchPath::exchange_rows: return "exchange-rows";
-    case DispatchPath::pull: return "direct";
-    case DispatchPath::push: return "direct-push";
+    case DispatchPath::ag:
+      return "ag";
+    case DispatchPath::exchange:
+      return "exchange";
+    case DispatchPath::exchange_rows:
+      return "exchange-rows";
+    case DispatchPath::pull:
+      return "direct";
+    case DispatchPath::push:
+      return "direct-push";
   }
   return "?";
 }
 
 std::string_view to_string(CombinePath p) {
   switch (p) {
-    case CombinePath::ag: return "ag";
-    case CombinePath::exchange: return "exchange";
-    case CombinePath::direct: return "direct";
+    case CombinePath::ag:
+      return "ag";
+    case CombinePath::exchange:
+      return "exchange";
+    case CombinePath::direct:
+      return "direct";
   }
   return "?";
 }
@@ -47,8 +55,9 @@ Path choose_path(const PathInputs& in) {
   // Dispatch reads x in place only where exposing it copies nothing: in one address space, or
   // where every rank's x sits in its window staging place (agreed in the plan: uncached dispatch
   // only). Else the exposed x would be one copy more than the exchange.
-  const bool x_readable = in.peer_memory == PeerMemory::address_space ||
-                          (in.peer_memory == PeerMemory::window && !in.cached && plan.all_x_in_place);
+  const bool x_readable =
+      in.peer_memory == PeerMemory::address_space ||
+      (in.peer_memory == PeerMemory::window && !in.cached && plan.all_x_in_place);
   if (x_readable && use_direct(x_row)) {
     // The sources write: in one address space, without the expand layout (whose rows go to
     // per-expert places only the receiver knows), and where the x rows all ranks move exceed
@@ -59,7 +68,7 @@ Path choose_path(const PathInputs& in) {
   } else {
     // Under `v`, a large call sends the x rows apart from their records (no pack copy).
     p.dispatch = p.lowering == a2a::Lowering::v && large_call(x_row) ? DispatchPath::exchange_rows
-                                                                      : DispatchPath::exchange;
+                                                                     : DispatchPath::exchange;
   }
 
   if (in.peer_memory != PeerMemory::none && use_direct(y_row)) {

@@ -14,11 +14,12 @@ void Context::log_once(const std::string& what) const {
   static std::set<std::string> logged;
   if (rank != 0) return;
   std::lock_guard<std::mutex> lock(mu);
-  if (logged.insert(what + " on " + group.backend()).second) log_info("ep: {} on {}", what, group.backend());
+  if (logged.insert(what + " on " + group.backend()).second)
+    log_info("ep: {} on {}", what, group.backend());
 }
 
-void list_received(const Context& c, const HandleData& h, const RecordLayout& rl, const std::byte* recv,
-                   const std::byte* x_apart, std::vector<RowRef>& rows) {
+void list_received(const Context& c, const HandleData& h, const RecordLayout& rl,
+                   const std::byte* recv, const std::byte* x_apart, std::vector<RowRef>& rows) {
   rows.clear();
   size_t pos = 0;
   for (int r = 0; r < c.world; ++r)
@@ -26,7 +27,8 @@ void list_received(const Context& c, const HandleData& h, const RecordLayout& rl
       const std::byte* rec = recv + pos * rl.bytes;
       int64_t t;
       std::memcpy(&t, rec + rl.off_token, 8);
-      rows.push_back(record_row(rl, int32_t(r), int32_t(t), x_apart ? x_apart + pos * rl.x_bytes : rec, rec));
+      rows.push_back(
+          record_row(rl, int32_t(r), int32_t(t), x_apart ? x_apart + pos * rl.x_bytes : rec, rec));
     }
 }
 

@@ -24,8 +24,8 @@ struct RowRef {
   const std::byte* idx;
 };
 // The fields of a packed record `rec` (x at x, in the record or apart).
-inline RowRef record_row(const RecordLayout& rl, int32_t src_rank, int32_t src_token, const std::byte* x,
-                         const std::byte* rec) {
+inline RowRef record_row(const RecordLayout& rl, int32_t src_rank, int32_t src_token,
+                         const std::byte* x, const std::byte* rec) {
   return {src_rank, src_token, x, rec + rl.off_scales, rec + rl.off_weights, rec + rl.off_idx};
 }
 
@@ -40,8 +40,8 @@ struct PackSource {
 // Token t of s as a record of rl at dst (with its token id where with_token). Every byte is
 // written once: no memset of the whole record first, which would double this copy's stores.
 // Inline: the pack loops are copy-bound.
-inline void pack_record(const RecordLayout& rl, const PackSource& s, int p, int k, int64_t t, std::byte* dst,
-                        bool with_token) {
+inline void pack_record(const RecordLayout& rl, const PackSource& s, int p, int k, int64_t t,
+                        std::byte* dst, bool with_token) {
   auto zero = [&](size_t from, size_t to) {
     if (to > from) std::memset(dst + from, 0, to - from);
   };
@@ -65,8 +65,8 @@ inline void pack_padding(const RecordLayout& rl, int k, std::byte* dst) {
 
 // The a2a rows received into `recv` as records of rl, source ranks in order, with their x in the
 // record or, given x_apart, at the same position there.
-void list_received(const Context& c, const HandleData& h, const RecordLayout& rl, const std::byte* recv,
-                   const std::byte* x_apart, std::vector<RowRef>& rows);
+void list_received(const Context& c, const HandleData& h, const RecordLayout& rl,
+                   const std::byte* recv, const std::byte* x_apart, std::vector<RowRef>& rows);
 
 // This rank's tokens grouped by destination rank, ascending within each (h.send_offsets,
 // h.send_tokens): one pass counts, one places.

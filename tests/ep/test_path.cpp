@@ -32,7 +32,8 @@ a2a::Plan plan2(int64_t a, int64_t b, int64_t c, int64_t d, bool all_x_in_place 
 }
 
 struct Case {
-  Case(EPConfig c, a2a::Plan p, PeerMemory m = PeerMemory::none) : cfg(c), plan(std::move(p)), pm(m) {}
+  Case(EPConfig c, a2a::Plan p, PeerMemory m = PeerMemory::none)
+      : cfg(c), plan(std::move(p)), pm(m) {}
   EPConfig cfg;
   a2a::Plan plan;
   PeerMemory pm;
@@ -70,7 +71,8 @@ TEST(EpPath, ExchangeLoweringFollowsTheSplitMatrixAndCapabilities) {
   p = padded.path();
   EXPECT_EQ(p.dispatch, DispatchPath::exchange);
   EXPECT_EQ(p.lowering, Lowering::padded);
-  EXPECT_EQ(p.combine_lowering, Lowering::padded);  // fast: one record per row, the dispatch's bound
+  EXPECT_EQ(p.combine_lowering,
+            Lowering::padded);  // fast: one record per row, the dispatch's bound
   EXPECT_EQ(p.combine_pad, 5);
 
   // Even splits without a trusted all_to_all go by all_to_all_v.
@@ -88,8 +90,8 @@ TEST(EpPath, ExactCombineCountsSlotsSoItNeedsVOrAPaddedBound) {
   Case c{config(256), plan2(2, 2, 2, 2)};
   c.cfg.combine = CombineMode::exact;
   Path p = c.path();
-  EXPECT_EQ(p.lowering, Lowering::even);           // the dispatch's even split ...
-  EXPECT_EQ(p.combine_lowering, Lowering::v);      // ... but per-slot counts are uneven
+  EXPECT_EQ(p.lowering, Lowering::even);       // the dispatch's even split ...
+  EXPECT_EQ(p.combine_lowering, Lowering::v);  // ... but per-slot counts are uneven
   c.caps.all_to_all_v = false;
   p = c.path();
   EXPECT_EQ(p.combine_lowering, Lowering::padded);
@@ -108,7 +110,8 @@ TEST(EpPath, LargeVCallSendsRowsApart) {
 }
 
 TEST(EpPath, PeerMemoryOnOffAndAutomaticThresholds) {
-  // x rows: 1 KiB (fp8, H = 1024); y rows 2 KiB: combine turns direct at half the rows dispatch does.
+  // x rows: 1 KiB (fp8, H = 1024); y rows 2 KiB: combine turns direct at half the rows dispatch
+  // does.
   const int64_t x_rows = int64_t(2 * kEpDirectMinBytes / 1024), y_rows = x_rows / 2;
   Case c{config(1024), plan2(0, 0, 0, 0), PeerMemory::address_space};
   auto with_total = [&](int64_t total) {

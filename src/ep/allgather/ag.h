@@ -20,8 +20,8 @@ struct DispatchScratch {
   std::vector<std::byte> gathered;  // [W·R, rec]
   std::vector<int64_t> selected;
 };
-void dispatch(Context& c, DispatchScratch& s, const HandleData& h, const PackSource& src, bool cached,
-              std::vector<RowRef>& rows);
+void dispatch(Context& c, DispatchScratch& s, const HandleData& h, const PackSource& src,
+              bool cached, std::vector<RowRef>& rows);
 
 // Combine (allgather/ag_combine.cpp): every rank fills the rows of its received tokens (exact:
 // K products of H; fast: one partial of H; then K weights), the reduction sums them per source
@@ -30,6 +30,7 @@ struct CombineScratch {
   std::vector<float> send, recv, acc;
   std::vector<uint8_t> filled;  // which rows of a chunk hold a received row
 };
-void combine(Context& c, CombineScratch& s, const HandleData& h, const uint16_t* y, CombineOutput& out);
+void combine(Context& c, CombineScratch& s, const HandleData& h, const uint16_t* y,
+             CombineOutput& out);
 
 }  // namespace deepinfer::ep::ag

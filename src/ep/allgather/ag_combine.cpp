@@ -15,9 +15,9 @@ struct ReduceParams {
   size_t cols = 0;        // floats per row
   size_t chunk_rows = 1;  // rows per rank per collective
 };
-// fill(begin, end, send): write rows [begin, end) of every rank's block into send [W, end-begin, cols],
-// every float of it (zeros where the rank has nothing: send holds the previous chunk's bytes).
-// consume(begin, end, own): this rank's summed rows [end-begin, cols].
+// fill(begin, end, send): write rows [begin, end) of every rank's block into send [W, end-begin,
+// cols], every float of it (zeros where the rank has nothing: send holds the previous chunk's
+// bytes). consume(begin, end, own): this rank's summed rows [end-begin, cols].
 using FillFn = std::function<void(int64_t, int64_t, float*)>;
 using ConsumeFn = std::function<void(int64_t, int64_t, const float*)>;
 
@@ -50,17 +50,19 @@ void reduce(Group& group, const ReduceParams& p, const FillFn& fill, const Consu
 // exact: a received row contributes K products canon(w·y) of H (zeros for other ranks' slots),
 // which the reduction sums over the ranks; the owner then adds its token's slots in slot order.
 struct Exact {
-  static void fill(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i, float* base) {
+  static void fill(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i,
+                   float* base) {
     const int k = cfg.num_topk, hd = cfg.hidden;
     for (int j = 0; j < k; ++j) {
       if (h.recv_local_idx[size_t(i * k + j)] >= 0)
-        rows::scale_bf16(h.recv_weights[size_t(i * k + j)], y_row(cfg, h, y, i, j), base + size_t(j) * size_t(hd),
-                         size_t(hd));
+        rows::scale_bf16(h.recv_weights[size_t(i * k + j)], y_row(cfg, h, y, i, j),
+                         base + size_t(j) * size_t(hd), size_t(hd));
       else
         std::fill_n(base + size_t(j) * size_t(hd), hd, 0.0f);
     }
   }
-  static void finish(const EPConfig& cfg, const float* row, const int64_t* token_idx, float* acc, uint16_t* out) {
+  static void finish(const EPConfig& cfg, const float* row, const int64_t* token_idx, float* acc,
+                     uint16_t* out) {
     const int k = cfg.num_topk, hd = cfg.hidden;
     std::fill_n(acc, hd, 0.0f);
     for (int j = 0; j < k; ++j)
@@ -72,7 +74,8 @@ struct Exact {
 // fast: a received row contributes its partial (local_partial, as f32), which the reduction sums
 // over the ranks; the owner rounds the sum.
 struct Fast {
-  static void fill(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i, float* base) {
+  static void fill(const EPConfig& cfg, const HandleData& h, const uint16_t* y, int64_t i,
+                   float* base) {
     local_partial(cfg, h, y, i, nullptr, base);
   }
   static void finish(const EPConfig& cfg, const float* row, const int64_t*, float*, uint16_t* out) {
@@ -81,7 +84,8 @@ struct Fast {
 };
 
 template <class Mode>
-void combine_as(Context& c, CombineScratch& s, const HandleData& h, const uint16_t* y, CombineOutput& out) {
+void combine_as(Context& c, CombineScratch& s, const HandleData& h, const uint16_t* y,
+                CombineOutput& out) {
   const EPConfig& cfg = c.cfg;
   const int k = cfg.num_topk, hd = cfg.hidden;
   const size_t cols = ag_combine_cols(cfg);
@@ -108,7 +112,8 @@ void combine_as(Context& c, CombineScratch& s, const HandleData& h, const uint16
       Mode::fill(cfg, h, y, i, base);
       for (int j = 0; j < k; ++j) {
         const bool local = h.recv_local_idx[size_t(i * k + j)] >= 0;
-        base[cols - size_t(k) + size_t(j)] = local ? canon(h.recv_weights[size_t(i * k + j)]) : 0.0f;
+        base[cols - size_t(k) + size_t(j)] =
+            local ? canon(h.recv_weights[size_t(i * k + j)]) : 0.0f;
       }
     }
     for (size_t at = 0; at < s.filled.size(); ++at)
@@ -119,7 +124,8 @@ void combine_as(Context& c, CombineScratch& s, const HandleData& h, const uint16
     for (int64_t t = begin; t < std::min(end, h.num_tokens); ++t) {
       const float* row = own + size_t(t - begin) * cols;
       Mode::finish(cfg, row, own_idx + t * k, s.acc.data(), ox + t * hd);
-      for (int j = 0; j < k; ++j) ow[t * k + j] = own_idx[t * k + j] < 0 ? 0.0f : row[cols - size_t(k) + size_t(j)];
+      for (int j = 0; j < k; ++j)
+        ow[t * k + j] = own_idx[t * k + j] < 0 ? 0.0f : row[cols - size_t(k) + size_t(j)];
     }
   };
   reduce(c.group, rp, fill, consume, s.send, s.recv, c.stats);
@@ -127,9 +133,12 @@ void combine_as(Context& c, CombineScratch& s, const HandleData& h, const uint16
 
 }  // namespace
 
-void combine(Context& c, CombineScratch& s, const HandleData& h, const uint16_t* y, CombineOutput& out) {
-  if (c.cfg.combine == CombineMode::exact) combine_as<Exact>(c, s, h, y, out);
-  else combine_as<Fast>(c, s, h, y, out);
+void combine(Context& c, CombineScratch& s, const HandleData& h, const uint16_t* y,
+             CombineOutput& out) {
+  if (c.cfg.combine == CombineMode::exact)
+    combine_as<Exact>(c, s, h, y, out);
+  else
+    combine_as<Fast>(c, s, h, y, out);
 }
 
 }  // namespace deepinfer::ep::ag

@@ -5,7 +5,8 @@
 namespace deepinfer::ep::ag {
 namespace {
 
-// Collective: send [R, rec] -> recv [W·R, rec] in rank order; send may be this rank's block of recv.
+// Collective: send [R, rec] -> recv [W·R, rec] in rank order; send may be this rank's block of
+// recv.
 void gather(Group& group, const std::byte* send, int64_t rows, size_t rec_bytes, std::byte* recv,
             EpCallStats& stats) {
   const size_t block = size_t(rows) * rec_bytes;
@@ -17,8 +18,8 @@ void gather(Group& group, const std::byte* send, int64_t rows, size_t rec_bytes,
 }
 
 // Local: indices src·R + t of gathered records with an expert in [lo, hi), in (src, t) order.
-void select(const std::byte* gathered, int world, int64_t rows, const RecordLayout& rec, int k, int64_t lo,
-            int64_t hi, std::vector<int64_t>& out) {
+void select(const std::byte* gathered, int world, int64_t rows, const RecordLayout& rec, int k,
+            int64_t lo, int64_t hi, std::vector<int64_t>& out) {
   out.clear();
   const int64_t total = int64_t(world) * rows;
   for (int64_t i = 0; i < total; ++i) {
@@ -36,8 +37,8 @@ void select(const std::byte* gathered, int world, int64_t rows, const RecordLayo
 
 }  // namespace
 
-void dispatch(Context& c, DispatchScratch& s, const HandleData& h, const PackSource& src, bool cached,
-              std::vector<RowRef>& rows) {
+void dispatch(Context& c, DispatchScratch& s, const HandleData& h, const PackSource& src,
+              bool cached, std::vector<RowRef>& rows) {
   const RecordLayout& rl = c.sizes.ag_record;
   const int64_t r_rows = h.ag_rows;
   const int k = c.cfg.num_topk, p = c.cfg.scale_cols();
@@ -47,8 +48,10 @@ void dispatch(Context& c, DispatchScratch& s, const HandleData& h, const PackSou
   std::byte* own = recv_buf.data() + size_t(c.rank) * size_t(r_rows) * rl.bytes;
   for (int64_t t = 0; t < r_rows; ++t) {
     std::byte* dst = own + size_t(t) * rl.bytes;
-    if (t < h.num_tokens) pack_record(rl, src, p, k, t, dst, false);
-    else pack_padding(rl, k, dst);
+    if (t < h.num_tokens)
+      pack_record(rl, src, p, k, t, dst, false);
+    else
+      pack_padding(rl, k, dst);
   }
   gather(c.group, own, r_rows, rl.bytes, recv_buf.data(), c.stats);
   rows.clear();

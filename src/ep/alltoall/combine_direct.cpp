@@ -1,8 +1,8 @@
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <span>
-
-#include <fmt/format.h>
 
 #include "core/thread_pool.h"
 #include "ep/alltoall/lowerings.h"
@@ -41,8 +41,8 @@ struct Fast {
     s.group_end[size_t(t * k + s.group_count[size_t(t)]++)] = s.part_count[size_t(t)];
   }
   static void sum(const DirectCombineScratch& s, int64_t t, int k, size_t hd, uint16_t* out) {
-    rows::sum_of_partials(s.slot_w.data() + t * k, s.part_ptr.data() + t * k, s.group_end.data() + t * k,
-                          s.group_count[size_t(t)], hd, out);
+    rows::sum_of_partials(s.slot_w.data() + t * k, s.part_ptr.data() + t * k,
+                          s.group_end.data() + t * k, s.group_count[size_t(t)], hd, out);
   }
 };
 
@@ -51,7 +51,8 @@ struct Fast {
 // it into the shared window) and a closing barrier (no rank returns, and frees its y, while a
 // peer still reads it).
 template <class Mode>
-void combine_as(Context& c, DirectCombineScratch& s, const HandleData& h, const uint16_t* y, CombineOutput& out) {
+void combine_as(Context& c, DirectCombineScratch& s, const HandleData& h, const uint16_t* y,
+                CombineOutput& out) {
   const EPConfig& cfg = c.cfg;
   const int k = cfg.num_topk;
   const size_t hd = size_t(cfg.hidden);
@@ -59,11 +60,15 @@ void combine_as(Context& c, DirectCombineScratch& s, const HandleData& h, const 
   // Expand layout: the y row of (received row i, slot j) is expand_slot[i·K + j].
   const std::array<std::span<const std::byte>, 2> regions{
       std::as_bytes(std::span(y, size_t(y_rows) * hd)),
-      std::as_bytes(std::span(cfg.expand ? h.expand_slot.data() : nullptr, cfg.expand ? h.expand_slot.size() : 0))};
+      std::as_bytes(std::span(cfg.expand ? h.expand_slot.data() : nullptr,
+                              cfg.expand ? h.expand_slot.size() : 0))};
   c.group.expose(regions, s.exposed);
-  c.log_once(fmt::format("a2a combine ({}) lowering = direct (peer memory)", to_string(cfg.combine)));
+  c.log_once(
+      fmt::format("a2a combine ({}) lowering = direct (peer memory)", to_string(cfg.combine)));
   auto peer_y = [&](int r) { return reinterpret_cast<const uint16_t*>(s.exposed[size_t(r) * 2]); };
-  auto peer_slot = [&](int r) { return reinterpret_cast<const int64_t*>(s.exposed[size_t(r) * 2 + 1]); };
+  auto peer_slot = [&](int r) {
+    return reinterpret_cast<const int64_t*>(s.exposed[size_t(r) * 2 + 1]);
+  };
 
   const int64_t* own_idx = h.topk_idx.data<int64_t>();
   const float* own_w = h.topk_weights.data<float>();
@@ -100,7 +105,8 @@ void combine_as(Context& c, DirectCombineScratch& s, const HandleData& h, const 
   // Tokens are independent: a rank with a pool of its own (several CPUs) splits them, in
   // pieces of at least 256K columns so a small call stays on this thread.
   if (ThreadPool* pool = scoped_pool())
-    pool->parallel_for(h.num_tokens, std::max<int64_t>(1, (int64_t(1) << 18) / int64_t(hd)), sum_tokens);
+    pool->parallel_for(h.num_tokens, std::max<int64_t>(1, (int64_t(1) << 18) / int64_t(hd)),
+                       sum_tokens);
   else
     sum_tokens(0, h.num_tokens);
   c.group.barrier();
@@ -111,9 +117,12 @@ void combine_as(Context& c, DirectCombineScratch& s, const HandleData& h, const 
 
 }  // namespace
 
-void combine_direct(Context& c, DirectCombineScratch& s, const HandleData& h, const uint16_t* y, CombineOutput& out) {
-  if (c.cfg.combine == CombineMode::exact) combine_as<Exact>(c, s, h, y, out);
-  else combine_as<Fast>(c, s, h, y, out);
+void combine_direct(Context& c, DirectCombineScratch& s, const HandleData& h, const uint16_t* y,
+                    CombineOutput& out) {
+  if (c.cfg.combine == CombineMode::exact)
+    combine_as<Exact>(c, s, h, y, out);
+  else
+    combine_as<Fast>(c, s, h, y, out);
 }
 
 }  // namespace deepinfer::ep::a2a

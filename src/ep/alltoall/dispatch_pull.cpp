@@ -8,7 +8,8 @@ namespace deepinfer::ep::a2a {
 
 // Nothing is packed or exchanged: the exposed arrays are read where they are (one address space)
 // or where every rank built x in the window (mpi; the rest is copied in by the expose).
-void dispatch_pull(Context& c, PullScratch& s, const HandleData& h, const PackSource& src, std::vector<RowRef>& rows) {
+void dispatch_pull(Context& c, PullScratch& s, const HandleData& h, const PackSource& src,
+                   std::vector<RowRef>& rows) {
   const size_t k = size_t(c.cfg.num_topk), t_count = size_t(h.num_tokens);
   const size_t x_bytes = c.sizes.ag_record.x_bytes, scale_bytes = c.sizes.ag_record.scale_bytes;
   const std::array<std::span<const std::byte>, 5> regions{
@@ -29,8 +30,8 @@ void dispatch_pull(Context& c, PullScratch& s, const HandleData& h, const PackSo
       int64_t t;
       std::memcpy(&t, at[4] + size_t(q) * 8, 8);
       const size_t tt = size_t(t);
-      rows.push_back({int32_t(r), int32_t(t), at[0] + tt * x_bytes, at[1] + tt * scale_bytes, at[2] + tt * k * 4,
-                      at[3] + tt * k * 8});
+      rows.push_back({int32_t(r), int32_t(t), at[0] + tt * x_bytes, at[1] + tt * scale_bytes,
+                      at[2] + tt * k * 4, at[3] + tt * k * 8});
       bytes += x_bytes + scale_bytes + k * 12 + 8;
     }
   }

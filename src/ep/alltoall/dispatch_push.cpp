@@ -13,7 +13,8 @@ namespace deepinfer::ep::a2a {
 // stores, so no destination line is read in first or pulled back from this core's cache by its
 // reader. The closing barrier comes before the unpack, which finds the rows in place and reads
 // only this rank's memory. Faster than the pull once the moved rows exceed a cache (path.h).
-Tensor dispatch_push(Context& c, PushScratch& s, const HandleData& h, const PackSource& src, std::vector<RowRef>& rows) {
+Tensor dispatch_push(Context& c, PushScratch& s, const HandleData& h, const PackSource& src,
+                     std::vector<RowRef>& rows) {
   const RecordLayout& rl = c.sizes.a2a_meta;
   const int k = c.cfg.num_topk, p = c.cfg.scale_cols();
   const int world = c.world, rank = c.rank;
@@ -22,12 +23,14 @@ Tensor dispatch_push(Context& c, PushScratch& s, const HandleData& h, const Pack
   Tensor x_out = Tensor::empty(c.x_dtype(), {n_recv, c.cfg.hidden});
   auto* x_dst = static_cast<std::byte*>(x_out.raw());
   if (s.meta.size() < size_t(n_recv) * rl.bytes) s.meta.resize(size_t(n_recv) * rl.bytes);
-  const std::array<std::span<std::byte>, 2> regions{std::span<std::byte>(x_dst, size_t(n_recv) * x_bytes),
-                                                    std::span<std::byte>(s.meta.data(), size_t(n_recv) * rl.bytes)};
+  const std::array<std::span<std::byte>, 2> regions{
+      std::span<std::byte>(x_dst, size_t(n_recv) * x_bytes),
+      std::span<std::byte>(s.meta.data(), size_t(n_recv) * rl.bytes)};
   c.group.expose_writable(regions, s.exposed);
   c.log_once("a2a dispatch lowering = direct-push (peer memory, the sources write)");
   // Per destination: the next of its send list, and where that row goes in its outputs.
-  std::vector<int64_t> next(h.send_offsets.begin(), h.send_offsets.end() - 1), at(static_cast<size_t>(world));
+  std::vector<int64_t> next(h.send_offsets.begin(), h.send_offsets.end() - 1),
+      at(static_cast<size_t>(world));
   for (int d = 0; d < world; ++d) at[size_t(d)] = h.plan.recv_offset(rank, d);
   uint64_t sent = 0;
   for (int64_t t = 0; t < h.num_tokens; ++t)

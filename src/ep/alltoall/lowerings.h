@@ -24,8 +24,8 @@ struct ExchangeDispatchScratch {
   std::vector<std::byte> send, recv, x;
   Scratch padded;
 };
-Tensor dispatch_exchange(Context& c, ExchangeDispatchScratch& s, const HandleData& h, const Path& path,
-                         const PackSource& src, std::vector<RowRef>& rows);
+Tensor dispatch_exchange(Context& c, ExchangeDispatchScratch& s, const HandleData& h,
+                         const Path& path, const PackSource& src, std::vector<RowRef>& rows);
 
 // Direct pull (dispatch_pull.cpp): every rank exposes its x, scales, weights, ids and send list,
 // and lists its rows where the sources hold them; the unpack copies them straight into the
@@ -33,7 +33,8 @@ Tensor dispatch_exchange(Context& c, ExchangeDispatchScratch& s, const HandleDat
 struct PullScratch {
   std::vector<const std::byte*> exposed;
 };
-void dispatch_pull(Context& c, PullScratch& s, const HandleData& h, const PackSource& src, std::vector<RowRef>& rows);
+void dispatch_pull(Context& c, PullScratch& s, const HandleData& h, const PackSource& src,
+                   std::vector<RowRef>& rows);
 
 // Direct push (dispatch_push.cpp): every rank exposes, writable, where its received rows go, and
 // the sources write them there. Returns the output x (closed by a barrier: the rows are in place).
@@ -41,7 +42,8 @@ struct PushScratch {
   std::vector<std::byte> meta;
   std::vector<std::byte*> exposed;
 };
-Tensor dispatch_push(Context& c, PushScratch& s, const HandleData& h, const PackSource& src, std::vector<RowRef>& rows);
+Tensor dispatch_push(Context& c, PushScratch& s, const HandleData& h, const PackSource& src,
+                     std::vector<RowRef>& rows);
 
 // Combine by exchange (combine_exchange.cpp): fast sends one [weights | partial] record per
 // received row, exact one [w | y] record per (received row, local slot); the owner sums them.
@@ -63,6 +65,7 @@ struct DirectCombineScratch {
   std::vector<float> slot_w;
   std::vector<int> group_end, part_count, group_count;
 };
-void combine_direct(Context& c, DirectCombineScratch& s, const HandleData& h, const uint16_t* y, CombineOutput& out);
+void combine_direct(Context& c, DirectCombineScratch& s, const HandleData& h, const uint16_t* y,
+                    CombineOutput& out);
 
 }  // namespace deepinfer::ep::a2a
