@@ -20,9 +20,8 @@ enum class DispatchPath : uint8_t {
   ag,             // all_gather of padded records, then local selection (allgather/ag_dispatch.cpp)
   exchange,       // a2a: whole records by the plan's lowering (alltoall/dispatch_exchange.cpp)
   exchange_rows,  // a2a `v`, large call: x rows by all_to_all_v_rows, records apart (same file)
-  pull,           // peer memory: each rank reads its rows where the sources hold x
-                  // (alltoall/dispatch_pull.cpp)
-  push,  // one address space, large call: the sources write the rows (alltoall/dispatch_push.cpp)
+  pull,           // peer memory: the rows read where the sources hold x (alltoall/dispatch_pull.cpp)
+  push,           // one address space, large call: sources write (alltoall/dispatch_push.cpp)
 };
 enum class CombinePath : uint8_t {
   ag,        // fp32 reduce_scatter / all_reduce of per-token rows (allgather/ag_combine.cpp)
