@@ -20,7 +20,7 @@ enum class DispatchPath : uint8_t {
   ag,             // all_gather of padded records, then local selection (allgather/ag_dispatch.cpp)
   exchange,       // a2a: whole records by the plan's lowering (alltoall/dispatch_exchange.cpp)
   exchange_rows,  // a2a `v`, large call: x rows by all_to_all_v_rows, records apart (same file)
-  pull,           // peer memory: the rows read where the sources hold x (alltoall/dispatch_pull.cpp)
+  pull,           // peer memory: rows read where the sources hold x (alltoall/dispatch_pull.cpp)
   push,           // one address space, large call: sources write (alltoall/dispatch_push.cpp)
 };
 enum class CombinePath : uint8_t {
