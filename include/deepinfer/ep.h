@@ -152,6 +152,8 @@ class EPBuffer {
   //   dispatch_input and the next combine_input reuse its place, so they throw Error while any
   //   y tensor is alive. Drop y once its combine has returned.
   // Raw pointers taken from these tensors are outside the count: they are valid while the tensor is.
+  // The count covers this EPBuffer's own calls; another user of the group's window (a second
+  // EPBuffer on the same group, a direct Group::expose) reuses the same bytes.
   //
   // Local. Where to write the expert outputs for combine(y, handle): [N, H] or [S, H] bf16,
   // contents undefined. Where combine reads the peers' y in place (a2a direct), a window view, so
