@@ -1,4 +1,4 @@
-// Element types and exact scalar conversions (DESIGN §2): bf16 and fp8 (e4m3fn, e5m2),
+// Element types and exact scalar conversions (docs/numerics.md §1, §2): bf16 and fp8 (e4m3fn, e5m2),
 // round-to-nearest-even; e4m3fn saturates to ±448 (it has no inf) and keeps NaN.
 #pragma once
 

@@ -1,4 +1,4 @@
-// ep: EPBuffer, MoE dispatch/combine over any Group (DESIGN §4). Mirrors DeepEP's EPBuffer
+// ep: EPBuffer, MoE dispatch/combine over any Group (docs/ep.md). Mirrors DeepEP's EPBuffer
 // semantics (deterministic mode) on plain collectives, with an all_to_all-free algorithm (ag)
 // and an all_to_all one (a2a) that produce identical results.
 //
@@ -158,22 +158,32 @@ class EPBuffer {
   DispatchOutput dispatch(const Tensor& x, const Tensor& scales, const Handle& handle);
 
   // Collective. y: [N, H] bf16 (non-expand) or [S, H] bf16 (expand). Returns the per-token
-  // routing-weighted sum (exact or fast, DESIGN §4) and the combined weights.
+  // routing-weighted sum (exact or fast, docs/ep.md §5) and the combined weights.
   CombineOutput combine(const Tensor& y, const Handle& handle);
+  // Input places. dispatch_input and combine_input hand out places the EPBuffer reuses: where
+  // the group has a shared window (a2a on mpi, one host) views of this rank's part of it, which
+  // dispatch and combine then expose without a copy; else buffers of this EPBuffer. Each tensor
+  // they return, and every copy of it (DispatchInput::x included), is counted, and the EPBuffer
+  // holds the rules, so code that breaks them fails on every backend, not only where the bytes
+  // are shared:
+  // - x (dispatch_input) lives through its dispatch (and any number of dispatches) and may be read
+  //   after it, e.g. by the shared experts; combine_input, combine and the next dispatch_input
+  //   reuse its place, so they throw Error while any x tensor is alive. Read x, then drop it.
+  // - y (combine_input) lives through its combine (and may be combined again); dispatch,
+  //   dispatch_input and the next combine_input reuse its place, so they throw Error while any
+  //   y tensor is alive. Drop y once its combine has returned.
+  // Raw pointers taken from these tensors are outside the count: they are valid while the tensor is.
+  // The count covers this EPBuffer's own calls; another user of the group's window (a second
+  // EPBuffer on the same group, a direct Group::expose) reuses the same bytes.
+  //
   // Local. Where to write the expert outputs for combine(y, handle): [N, H] or [S, H] bf16,
-  // contents undefined. Where combine reads the peers' y through a shared window (a2a direct on
-  // mpi, one host), this is a view of this rank's part of it, so combine copies nothing there (an
-  // ordinary tensor as y is copied in first); else a buffer this EPBuffer reuses at its next
-  // combine_input. A window view stays valid until that combine returns, and only while no other
-  // expose runs on the group in between.
+  // contents undefined. Where combine reads the peers' y in place (a2a direct), a window view, so
+  // combine copies nothing there (an ordinary tensor as y is copied in first).
   Tensor combine_input(const Handle& handle);
-  // Local. Where to write x for dispatch: [T, H] in the dispatch dtype, contents undefined. On
-  // a2a over a shared window (mpi, one host) a view of this rank's part of it: when every rank's
-  // x is there, dispatch has the peers read the rows in place (the direct lowering) instead of
-  // exchanging them. Else a buffer this EPBuffer reuses at its next dispatch_input (either kind
-  // belongs to the EPBuffer: don't keep it past it). A view holds x through the dispatch (it keeps
-  // room for all that dispatch exposes) until the place is reused: a combine_input view written,
-  // or another expose on the group. Read x after dispatch (e.g. shared experts) before that.
+  // Local. Where to write x for dispatch: [T, H] in the dispatch dtype, contents undefined. On a2a
+  // over a shared window a view of this rank's part of it (with room for all that dispatch
+  // exposes): when every rank's x is there, dispatch has the peers read the rows in place (the
+  // direct lowering) instead of exchanging them.
   Tensor dispatch_input(int64_t num_tokens);
 
   const EPConfig& config() const;
@@ -189,8 +199,7 @@ class EPBuffer {
 // Resolves `auto` from the group's capabilities: a2a where the backend trusts all_to_all_v, ag
 // (no all_to_all at all) where it does not. At every W a2a moves no more bytes than ag (dispatch:
 // T·min(W, K) rows against W·R; combine: bf16 partials, or per-slot rows, against ag's fp32
-// reduce_scatter of W·R rows) and measured faster (bench ep W=2: combine 1.8 vs 4.8 ms fast, 1.7
-// vs 50 ms exact).
+// reduce_scatter of W·R rows) and measured faster (docs/performance.md §3.1).
 EpAlgo resolve_ep_algo(EpAlgo requested, const Capabilities& caps);
 
 }  // namespace deepinfer

@@ -37,7 +37,7 @@ namespace detail {
 
 }  // namespace deepinfer
 
-// Checks stay on in release builds (STYLE 8). Usage: DI_CHECK(n > 0, "n must be positive, got {}", n)
+// Checks stay on in release builds (docs/architecture.md §8). Usage: DI_CHECK(n > 0, "n must be positive, got {}", n)
 #define DI_CHECK(cond, ...)                                                               \
   do {                                                                                    \
     if (!(cond)) [[unlikely]]                                                             \

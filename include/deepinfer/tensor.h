@@ -25,7 +25,7 @@ size_t host_alloc_idle_bytes();
 
 // Process-wide: tells glibc malloc to keep freed memory (no heap trim; mmap only from 32 MiB), so
 // per-step vectors and small tensors reuse mapped pages instead of faulting them in again (on a
-// VM each first touch costs ~15 us). The deepinfer CLI calls it at startup; an embedding
+// VM each first touch is a costly fault: docs/performance.md §6). The deepinfer CLI calls it at startup; an embedding
 // application may. Memory freed stays with the process for reuse.
 void keep_freed_host_memory();
 
@@ -61,6 +61,15 @@ class Tensor {
     t.shape_ = std::move(shape);
     DI_CHECK(t.strides_.size() == t.shape_.size(), "strides rank {} != shape rank {}",
              t.strides_.size(), t.shape_.size());
+    return t;
+  }
+
+  // A view of memory that `owner` stands for (data = owner.get()): the tensor and every copy of
+  // it share owner's use count, so whoever hands such views out can tell whether one is alive
+  // (EPBuffer's input places). owning() is true: the owner keeps the count, not the memory.
+  static Tensor borrow(std::shared_ptr<std::byte> owner, DType dtype, std::vector<int64_t> shape) {
+    Tensor t = borrow(owner.get(), dtype, std::move(shape));
+    t.storage_ = std::move(owner);
     return t;
   }
 

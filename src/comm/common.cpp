@@ -93,6 +93,17 @@ void Group::expose(std::span<const std::span<const std::byte>>, std::vector<cons
   DI_FAIL("expose: the {} backend has no peer memory (check Group::peer_memory() first)", backend());
 }
 
+void Group::expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) {
+  DI_CHECK(peer_memory() == PeerMemory::address_space,
+           "expose_writable: the {} backend has no writable peer memory here (check Group::peer_memory() first)",
+           backend());
+  // One address space: a region's own address is where every peer writes it.
+  std::vector<std::byte*> mine(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
+  peers.assign(regions.size() * size_t(size()), nullptr);
+  all_gather(mine.data(), peers.data(), mine.size() * sizeof(std::byte*), DType::u8);
+}
+
 // Group::all_to_all_v_rows for backends that cannot send from rows: pack, then all_to_all_v.
 void Group::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
                               std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {

@@ -60,6 +60,10 @@ class GroupDecorator : public Group {
               std::vector<const std::byte*>& peers) override {
     inner_->expose(regions, peers);
   }
+  void expose_writable(std::span<const std::span<std::byte>> regions,
+                       std::vector<std::byte*>& peers) override {
+    inner_->expose_writable(regions, peers);
+  }
   std::byte* expose_staging(size_t bytes) override { return inner_->expose_staging(bytes); }
 
  protected:

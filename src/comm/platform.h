@@ -64,8 +64,8 @@ std::vector<int> cpu_share(std::span<const int> cpus, int rank, int world);
 // Pins the calling `local` rank thread to its cpu_share of the CPUs this process may use (threads
 // it starts later, e.g. its kernel pool, inherit the share). Without pinning, the scheduler at
 // times runs two rank threads on one CPU while another idles, and every collective then waits on
-// the rank that is not running (local W=2 bench ep: dispatch 0.53-0.57 ms in those processes,
-// 0.23-0.29 otherwise). Returns false, changing nothing, when the share is empty.
+// the rank that is not running (docs/performance.md §4). Returns false, changing nothing, when
+// the share is empty.
 bool pin_rank_thread(int rank, int world);
 
 }  // namespace deepinfer

@@ -1,4 +1,4 @@
-// Environment knobs (DESIGN §8): every DEEPINFER_* variable is parsed and validated here.
+// Environment knobs (docs/architecture.md §9): every DEEPINFER_* variable is parsed and validated here.
 #include "core/env.h"
 
 #include <deepinfer/error.h>

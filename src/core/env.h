@@ -1,4 +1,4 @@
-// Environment knobs (DESIGN §8), parsed and validated in one place. An invalid value is a
+// Environment knobs (docs/architecture.md §9), parsed and validated in one place. An invalid value is a
 // startup error naming the variable and its allowed values.
 #pragma once
 

@@ -380,6 +380,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
       c.equal_tensor("x after dispatch", x_in, in.as_input(cfg).x.raw(), size_t(x_in.nbytes()));
     const DispatchOutput cached = buf.dispatch(in.as_input(cfg).x, in.as_input(cfg).scales, out.handle);
     check_same_dispatch(c, cached, out);
+    din.x = {};  // combine_input reuses x's place (EPBuffer throws while x is alive)
+    x_in = {};
 
     const Tensor y = make_y(out, cfg, me, w, opts.seed, token_offset, cs.in_place ? buf.combine_input(out.handle) : Tensor());
     const CombineOutput comb = buf.combine(y, out.handle);

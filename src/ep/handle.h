@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ep/alltoall/a2a.h"
+#include "ep/path.h"
 
 namespace deepinfer::ep {
 
@@ -33,7 +34,8 @@ struct HandleData {
   std::vector<int64_t> send_tokens;   // [send_offsets[W]]
 
   int64_t ag_rows = 0;  // ag: R rows per rank in the all_gather
-  a2a::Plan plan;       // a2a: split matrix and lowering
+  a2a::Plan plan;       // a2a: the agreed split matrix
+  Path path;            // the uncached dispatch's path (combine takes path.combine)
 };
 
 }  // namespace deepinfer::ep

@@ -1,5 +1,5 @@
 // Host reference for EP dispatch/combine: sees every rank's inputs and computes what each rank
-// must receive and what combine must return, directly from DESIGN §4 (no packing, no
+// must receive and what combine must return, directly from docs/ep.md §4-§5 (no packing, no
 // collectives). Also the deterministic input generator: inputs are a function of (seed, rank),
 // so every rank regenerates all ranks' inputs without communication.
 #pragma once

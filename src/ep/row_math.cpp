@@ -58,10 +58,8 @@ struct EvenOdd {
 }
 // The first 32 of 64 columns from c, prefetching the row kPrefetch columns ahead. A token's rows
 // are read side by side, several streams at once, and the hardware prefetcher alone leaves the
-// loads stalling: 5 rows of 7168 columns per token took 2.2x their in-cache time, 1.2x with this.
-// Past the row's end the prefetch reaches the peer's next row, mostly the next token's. 2 KiB
-// ahead since the sums take 128 columns a pass (local W=2 combine 1.07-1.22 ms against 1.15-1.32
-// at 1 KiB, 7 runs each).
+// loads stalling (docs/performance.md §3.3). Past the row's end the prefetch reaches the peer's
+// next row, mostly the next token's.
 constexpr size_t kPrefetch = 1024;
 [[gnu::always_inline]] inline EvenOdd load_row64(const uint16_t* row, size_t c) {
   __builtin_prefetch(row + c + kPrefetch);
@@ -200,7 +198,7 @@ struct Bf16InstructionRounding {
 // 32·kBlocks columns from c: per group the partials (each in its register: decoded once per group
 // where a rank's slots share one y row, without the expand layout), rounded, then summed. Eight
 // independent sums (kBlocks = 4) keep both add pipes busy; four leave them waiting on the add
-// latency (one thread, rows in cache: 0.86 ms against 1.06 per 512 tokens of 7168 columns).
+// latency (docs/performance.md §3.3).
 template <class Rounding, int kBlocks>
 [[gnu::always_inline]] inline void sum_of_partials_block(const float* w, const uint16_t* const* y,
                                                          const int* group_end, int groups, size_t c,

@@ -1,4 +1,4 @@
-// Row arithmetic of combine: element-wise, in the order DESIGN §4 pins. Each function is built
+// Row arithmetic of combine: element-wise, in the order docs/ep.md §5 pins. Each function is built
 // for several CPUs (function multiversioning) so the loops vectorise; products and sums stay
 // separate operations (no FMA contraction in ep/), so every version gives the scalar bits.
 // sum_of_partials has one more version, for AVX512-BF16 (its rounding instruction).
@@ -10,7 +10,7 @@
 
 namespace deepinfer::ep::rows {
 
-// -0 -> +0 before transport, so a sum with zeros from other ranks is exact (DESIGN §4).
+// -0 -> +0 before transport, so a sum with zeros from other ranks is exact (docs/ep.md §5.1).
 inline float canon(float v) { return v == 0.0f ? 0.0f : v; }
 
 // s[c] = ((0 + w[0]·y[0][c]) + w[1]·y[1][c]) + ... in f32 (w null: unit weights, the products

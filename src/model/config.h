@@ -61,7 +61,7 @@ struct ModelConfig {
   }
   // YaRN attention factor: 0.1·m·ln(factor) + 1 (1 without scaling).
   static double yarn_mscale(double factor, double m);
-  // qk_head_dim^-0.5 · mscale(factor, mscale_all_dim)^2 (never 576^-0.5; DESIGN §2).
+  // qk_head_dim^-0.5 · mscale(factor, mscale_all_dim)^2 (never 576^-0.5; docs/numerics.md §5).
   double softmax_scale() const;
   std::string summary() const;
 };

@@ -1,4 +1,4 @@
-// The DeepSeek architecture, one file (STYLE: llama.cpp's src/models/deepseek2.cpp). Rounding
+// The DeepSeek architecture, one file (as llama.cpp's src/models/deepseek2.cpp). Rounding
 // points follow tools/reference/NUMERICS.md; every kernel goes through the dispatching
 // deepinfer::kernels functions under a KernelTag naming the layer part, for `deepinfer diff`.
 #include "model/deepseek.h"
@@ -390,7 +390,8 @@ struct DeepseekModel::Impl {
       return;
     }
     // The fp8 activations go where dispatch reads them in place (on mpi's direct lowering, the
-    // shared window; they stay there only until combine_input, so the shared experts run first).
+    // shared window). combine_input reuses that place: the shared experts read x first, and x is
+    // dropped before combine_input (EPBuffer throws while a tensor of it is alive).
     Tensor x_dispatch;
     if (fp8_experts) {
       x_dispatch = ep->dispatch_input(T);
@@ -460,6 +461,9 @@ struct DeepseekModel::Impl {
       shared = shared_out.get(T * hid);
       mlp(L.shared, Act{x, xq8, xs8}, T, shared);
     }
+    din = {};
+    x_dispatch = {};
+    xq8 = nullptr;
     const int64_t S = dout.x.dim(0);
     // [S, hid] expert outputs in the expand layout, written where combine reads them (on mpi's
     // direct lowering, the shared window: no copy there).

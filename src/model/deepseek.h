@@ -1,4 +1,4 @@
-// The DeepSeek-V3 / V2 architecture (DESIGN §2, §6; reference/deepseek-v3-architecture.md §3;
+// The DeepSeek-V3 / V2 architecture (docs/numerics.md, docs/architecture.md §6;
 // tools/reference/NUMERICS.md pins every rounding point): embeddings, MLA over the paged latent
 // cache (absorbed form), dense SwiGLU FFN, MoE (router -> EPBuffer dispatch in the expand layout
 // -> expert GEMMs -> SwiGLU -> exact combine, plus the shared expert), final norm, fp32 logits.

@@ -1,4 +1,4 @@
-// Paged latent KV cache for MLA (DESIGN §2, §6): per layer, pages of 64 tokens, each token one
+// Paged latent KV cache for MLA (docs/numerics.md §6, docs/architecture.md §6): per layer, pages of 64 tokens, each token one
 // row [c_n (kv_lora) | k_pe (rope)] bf16 — the FlashMLA layout mla_decode reads. Sequences share
 // one page pool; a sequence's block table (page ids) is the same for every layer.
 #pragma once

@@ -59,7 +59,7 @@ class Loader {
   }
 
   // A second copy of the codes in the order the cpu decode GEMM reads (none where the CPU has no
-  // such kernel): decode GEMMs run about 2-3x faster for +1 byte per fp8 weight.
+  // such kernel): faster decode GEMMs for +1 byte per fp8 weight (docs/performance.md §5).
   static void attach_decode_layout(Linear& l) {
     const size_t bytes = kernels::decode_layout_bytes(l.out, l.in);
     if (bytes == 0) return;

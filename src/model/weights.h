@@ -16,7 +16,7 @@
 
 namespace deepinfer::model {
 
-// How linear layers compute (DESIGN §2): fp8 = block-scaled FP8 GEMM with 1×128 activation
+// How linear layers compute (docs/numerics.md §3): fp8 = block-scaled FP8 GEMM with 1×128 activation
 // quantization; bf16 = weights dequantized to BF16 once at load, BF16 GEMM with fp32 accumulation.
 enum class GemmMode : uint8_t { fp8, bf16 };
 

@@ -1,4 +1,4 @@
-// The engine (DESIGN §6): prefill + decode with the paged latent cache, batches of sequences,
+// The engine (docs/architecture.md §6): prefill + decode with the paged latent cache, batches of sequences,
 // sampling, stop tokens and a streaming callback. Data-parallel attention: each rank runs its own
 // requests (possibly none) and every rank steps until no rank has work left (one small MAX
 // all_reduce per step), so every rank joins every MoE layer.

@@ -32,8 +32,7 @@ int ranks_on_this_host(Group& group) {
 // Every rank gets its own kernel pool, sized to its share of the machine: DEEPINFER_THREADS (or all
 // hardware threads) per process, split between the rank threads of a `local` process; under mpi,
 // the hardware threads split between the ranks on the host. Pools that each assume the whole
-// machine oversubscribe it: the tiny model's decode at EP=2 on 2 cores ran 300 tokens/s with one
-// shared 2-thread pool and 4250 with a 1-thread pool per rank.
+// machine oversubscribe it (docs/performance.md §5).
 int kernel_threads_per_rank(Group& group, CommKind comm) {
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   const int knob = knobs().threads;

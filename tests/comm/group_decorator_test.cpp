@@ -55,6 +55,11 @@ class RecordingGroup final : public Group {
     note("expose");
     peers.assign(2, staging);
   }
+  void expose_writable(std::span<const std::span<std::byte>>,
+                       std::vector<std::byte*>& peers) override {
+    note("expose_writable");
+    peers.assign(2, staging);
+  }
   std::byte* expose_staging(size_t) override { return note("expose_staging"), staging; }
 
  private:
@@ -102,6 +107,13 @@ std::vector<Call> every_virtual() {
          const std::span<const std::byte> region(buf, 8);
          g.expose(std::span(&region, 1), peers);
          EXPECT_EQ(peers, std::vector<const std::byte*>(2, r.staging));
+       }},
+      {"expose_writable",
+       [](Group& g, RecordingGroup& r) {
+         std::vector<std::byte*> peers;
+         const std::span<std::byte> region(buf, 8);
+         g.expose_writable(std::span(&region, 1), peers);
+         EXPECT_EQ(peers, std::vector<std::byte*>(2, r.staging));
        }},
       {"expose_staging",
        [](Group& g, RecordingGroup& r) { EXPECT_EQ(g.expose_staging(8), r.staging); }},
@@ -169,6 +181,9 @@ TEST(FaultyGroup, OffersNoPeerMemory) {
     std::byte b[8]{};
     const std::span<const std::byte> region(b, 8);
     EXPECT_THROW(g->expose(std::span(&region, 1), peers), Error);
+    std::vector<std::byte*> writable;
+    const std::span<std::byte> wregion(b, 8);
+    EXPECT_THROW(g->expose_writable(std::span(&wregion, 1), writable), Error);
     for (const std::string& c : inner.calls)
       EXPECT_TRUE(c == "backend" || c == "rank" || c == "size") << c;
   }
@@ -205,7 +220,8 @@ TEST(FaultyGroup, ForwardsCollectives) {
   std::unique_ptr<Group> g = comm::make_faulty_group(std::move(owned), "int32-ag-corrupt", 1.0);
   for (const Call& c : every_virtual()) {
     const std::string name = c.name;
-    if (name == "peer_memory" || name == "expose" || name == "expose_staging" || name == "backend")
+    if (name == "peer_memory" || name == "expose" || name == "expose_writable" ||
+        name == "expose_staging" || name == "backend")
       continue;
     SCOPED_TRACE(name);
     inner.calls.clear();

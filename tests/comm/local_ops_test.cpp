@@ -81,6 +81,13 @@ TEST_P(LocalWorldSize, ExposeReadsEveryRanksRegions) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// Peers write the regions themselves; the group's default (the capabilities wrapper's way) too.
+TEST_P(LocalWorldSize, ExposeWritableLandsInEveryRanksRegions) {
+  std::atomic<int> bad{0};
+  run_ranks(local_opts(GetParam()), [&](Group& g) { bad += test::expose_writable_mismatches(g); });
+  EXPECT_EQ(bad.load(), 0);
+}
+
 TEST_P(LocalWorldSize, AllGatherInPlace) {
   const int n = GetParam();
   Mismatches bad;

@@ -188,6 +188,16 @@ TEST(Mpi, ExposeReadsEveryRanksRegions) {
   });
 }
 
+// Peers write the regions' window copies; the closing barrier copies them back (region 0 of the
+// second round was built in the window and needs no copy), and a later expose still works.
+TEST(Mpi, ExposeWritableLandsInEveryRanksRegions) {
+  run_ranks(mpi_opts(), [](Group& g) {
+    ASSERT_EQ(g.peer_memory(), PeerMemory::window);
+    EXPECT_EQ(test::expose_writable_mismatches(g), 0);
+    EXPECT_EQ(test::expose_mismatches(g), 0);
+  });
+}
+
 // With the count limit at 1000, every op takes its > INT_MAX path: derived datatypes with a
 // remainder, chunked all_reduce / reduce_scatter, and point-to-point _v exchanges.
 TEST(Mpi, BigCountPathsWithALoweredLimit) {

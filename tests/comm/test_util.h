@@ -74,6 +74,46 @@ inline int expose_mismatches(Group& g, int* staged = nullptr) {
   return bad;
 }
 
+// Group::expose_writable over two rounds (the second with region 0 built in expose_staging where
+// it offers a place): every rank writes its 16-byte block into every rank's two regions, whose
+// last 40 bytes nobody writes. After the closing barrier each rank finds every peer's block in
+// its own regions and the unwritten tail unchanged. Returns the wrong blocks (0 = pass).
+inline int expose_writable_mismatches(Group& g) {
+  const int n = g.size(), me = g.rank();
+  const size_t block = 16, tail = 40, bytes = size_t(n) * block + tail;
+  int bad = 0;
+  for (uint64_t round = 1; round <= 2; ++round) {
+    std::vector<std::vector<std::byte>> mine;
+    std::vector<std::span<std::byte>> regions;
+    for (size_t i = 0; i < 2; ++i) mine.push_back(payload(bytes, 1, round * 10 + i, 1000 + uint64_t(me)));
+    for (auto& m : mine) regions.emplace_back(m.data(), m.size());
+    std::byte* staged = round == 2 ? g.expose_staging(bytes) : nullptr;
+    if (staged) {
+      std::memcpy(staged, mine[0].data(), bytes);
+      regions[0] = std::span<std::byte>(staged, bytes);
+    }
+    std::vector<std::byte*> peers;
+    g.expose_writable(regions, peers);
+    if (peers.size() != size_t(n) * 2) return 1000;
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < 2; ++i) {
+        const auto b = payload(block, 1, round * 10 + i, uint64_t(me) * 64 + uint64_t(r));
+        std::memcpy(peers[size_t(r) * 2 + i] + size_t(me) * block, b.data(), block);
+      }
+    g.barrier();
+    for (size_t i = 0; i < 2; ++i) {
+      const std::byte* got = regions[i].data();
+      for (int s = 0; s < n; ++s) {
+        const auto want = payload(block, 1, round * 10 + i, uint64_t(s) * 64 + uint64_t(me));
+        bad += std::memcmp(got + size_t(s) * block, want.data(), block) != 0;
+      }
+      const auto orig = payload(bytes, 1, round * 10 + i, 1000 + uint64_t(me));
+      bad += std::memcmp(got + size_t(n) * block, orig.data() + size_t(n) * block, tail) != 0;
+    }
+  }
+  return bad;
+}
+
 inline LaunchOptions local_opts(int world, double timeout_s = 20.0, std::string fault = {}) {
   LaunchOptions o;
   o.comm = CommKind::local;

@@ -66,6 +66,10 @@ class CountingGroup final : public GroupDecorator {
     ++calls["expose"];
     GroupDecorator::expose(regions, peers);
   }
+  void expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) override {
+    ++calls["expose_writable"];
+    GroupDecorator::expose_writable(regions, peers);
+  }
   std::byte* expose_staging(size_t bytes) override {
     ++calls["expose_staging"];
     return GroupDecorator::expose_staging(bytes);

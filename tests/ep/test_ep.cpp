@@ -356,6 +356,75 @@ TEST(EpAllToAll, SmallAndLargeCallsPickTheirLowerings) {
     }
 }
 
+// The input places' lifetime rules (ep.h): while a tensor from dispatch_input (or any copy of
+// it) lives, combine_input, combine and another dispatch_input throw an Error naming the rule;
+// while one from combine_input lives, dispatch, dispatch_input and another combine_input do.
+// Used as the rules say, x and y written in place give the reference's bits on every path.
+TEST(EpInputPlaces, ReuseWhileAViewLivesIsAnErrorAndRightUseMatchesReference) {
+  for (EpPeerMemory pm : {EpPeerMemory::on, EpPeerMemory::off})
+    for (EpAlgo algo : {EpAlgo::a2a, EpAlgo::ag})
+      run_local(2, [&](Group& g) {
+        EPConfig cfg = small_config(2);
+        cfg.algo = algo;
+        cfg.peer_memory = pm;
+        cfg.combine = CombineMode::fast;
+        const int w = g.size(), me = g.rank();
+        const uint64_t seed = 23;
+        ep::ref::GenParams gp{seed, w, cfg};
+        std::vector<ep::ref::RankInput> all;
+        std::vector<int64_t> offset(size_t(w) + 1, 0);
+        for (int r = 0; r < w; ++r) {
+          all.push_back(ep::ref::make_input(gp, r));
+          offset[size_t(r) + 1] = offset[size_t(r)] + all.back().num_tokens;
+        }
+        EPBuffer buf(g, cfg);
+        DispatchInput in = all[size_t(me)].as_input(cfg);
+        Tensor x = buf.dispatch_input(in.x.dim(0));
+        if (x.nbytes()) std::memcpy(x.raw(), in.x.raw(), x.nbytes());
+        const Tensor original_x = in.x;
+        in.x = x;
+        const DispatchOutput out = buf.dispatch(in);
+        const ep::ref::ExpectedDispatch ex = ep::ref::expected_dispatch(all, cfg, w, me);
+        ASSERT_EQ(out.x.nbytes(), ex.x.size());
+        EXPECT_EQ(std::memcmp(out.x.raw(), ex.x.data(), ex.x.size()), 0);
+        EXPECT_EQ(std::memcmp(x.raw(), original_x.raw(), x.nbytes()), 0) << "x is read after dispatch";
+
+        auto expect_rule = [](const std::string& err, const char* op, const char* place) {
+          EXPECT_NE(err.find(fmt::format("ep {} on rank", op)), std::string::npos) << err;
+          EXPECT_NE(err.find(fmt::format("a tensor from {} is still alive", place)), std::string::npos) << err;
+        };
+        const Tensor ordinary_y = Tensor::zeros(DType::bf16, {out.num_recv_tokens, cfg.hidden});
+        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input", "dispatch_input (x)");
+        expect_rule(error_of([&] { buf.combine(ordinary_y, out.handle); }), "combine", "dispatch_input (x)");
+        expect_rule(error_of([&] { buf.dispatch_input(1); }), "dispatch_input", "dispatch_input (x)");
+        x = {};  // DispatchInput::x is a copy: x is still alive
+        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input", "dispatch_input (x)");
+        in.x = {};
+
+        Tensor y = buf.combine_input(out.handle);
+        const int64_t rows = out.src.numel(), h = cfg.hidden, m = cfg.num_max_tokens_per_rank;
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t gid = out.src.data<int64_t>()[i];
+          for (int64_t c = 0; c < h; ++c)
+            y.data<uint16_t>()[i * h + c] =
+                ep::ref::y_value(seed, offset[size_t(gid / m)] + gid % m, cfg.num_experts + me, int(c));
+        }
+        const DispatchInput again = all[size_t(me)].as_input(cfg);
+        expect_rule(error_of([&] { buf.dispatch(again); }), "dispatch", "combine_input (y)");
+        expect_rule(error_of([&] { buf.dispatch(again.x, again.scales, out.handle); }), "cached dispatch",
+                    "combine_input (y)");
+        expect_rule(error_of([&] { buf.dispatch_input(1); }), "dispatch_input", "combine_input (y)");
+        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input", "combine_input (y)");
+        const CombineOutput comb = buf.combine(y, out.handle);
+        const ep::ref::ExpectedCombine ec = ep::ref::expected_combine(all, cfg, w, me, seed, offset);
+        ASSERT_EQ(comb.x.nbytes(), ec.x.size() * 2);
+        EXPECT_EQ(std::memcmp(comb.x.raw(), ec.x.data(), ec.x.size() * 2), 0) << cfg.describe();
+        y = {};
+        EXPECT_EQ(buf.dispatch(again).num_recv_tokens, out.num_recv_tokens);  // the places are free again
+        EXPECT_TRUE(buf.dispatch_input(1).defined());
+      });
+}
+
 TEST(EpValidation, InvalidInputThrowsOnEveryRank) {
   std::atomic<int> errors{0}, timeouts{0};
   run_local(3, [&](Group& g) {
@@ -405,7 +474,8 @@ TEST_P(EpCheckMatrix, Passes) {
   EXPECT_EQ(failed.load(), 0);
   EXPECT_GT(passed.load(), 0);
 }
-INSTANTIATE_TEST_SUITE_P(Worlds, EpCheckMatrix, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Worlds, EpCheckMatrix, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
 
 }  // namespace
 }  // namespace deepinfer

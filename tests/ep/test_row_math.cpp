@@ -1,4 +1,4 @@
-// ep::rows against the DESIGN §4 formula written with dtype.h's scalar conversions: every column
+// ep::rows against the docs/ep.md §5 formula written with dtype.h's scalar conversions: every column
 // count around the vector widths (16, 32, 64), with and without weights, canon on and off, and
 // values that round, cancel to ±0, overflow to inf and underflow.
 #include <deepinfer/dtype.h>

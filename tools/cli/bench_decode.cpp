@@ -1,5 +1,5 @@
 // `deepinfer bench decode`: end-to-end prefill and decode speed of the engine (JSON lines, the
-// benchmark contract of DESIGN §7): prefill of a 128-token prompt in tokens/s against the fp32
+// benchmark contract of docs/performance.md §1): prefill of a 128-token prompt in tokens/s against the fp32
 // FMA peak, and decode tokens/s against the decode roofline = read bandwidth (memcpy, measured in
 // this run) ÷ active weight bytes per token. --model synthetic writes a DeepSeek-V3-architecture
 // model with random BF16 weights (fixed seed) in HF layout into --synthetic-dir and loads it with

@@ -35,7 +35,7 @@ struct BenchEpCli {
   int tokens = 512, hidden = 7168, topk = 8, experts = 256;
   std::string algo = "all";
   std::string combine = "fast";
-  // A fresh output buffer faults its pages in on first use (35-50 ms per 7 MB on the CI VM), so
+  // A fresh output buffer faults its pages in on first use (docs/performance.md §6), so
   // a few untimed calls first; the median of 10 rides out this VM's noise.
   int warmup = 3, iters = 10;
   bool check = true;
@@ -230,7 +230,10 @@ int run_bench(const BenchEpCli& o) {
       double d_bytes = moved(buf.last_stats());
       const std::string d_lowering = buf.last_stats().lowering;
       g.all_reduce(&d_bytes, 1, DType::f64, ReduceOp::max);
-      // Expert outputs: closed form per (row, expert/rank), as check ep uses.
+      // Expert outputs: closed form per (row, expert/rank), as check ep uses. combine_input reuses
+      // x's place: x is dropped first.
+      d_in.x = {};
+      x_in = {};
       const int64_t rows = out.src.dim(0);
       Tensor y = buf.combine_input(out.handle);
       for (int64_t i = 0; i < rows; ++i) {

@@ -1,4 +1,4 @@
-// `deepinfer check collectives`: the collective conformance suite (DESIGN §3, §7) on the
+// `deepinfer check collectives`: the collective conformance suite (docs/architecture.md §3, §7) on the
 // `local` backend (--world threads) or under mpirun (--comm mpi), optionally through a fault.
 #include <deepinfer/comm.h>
 

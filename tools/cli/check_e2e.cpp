@@ -1,4 +1,4 @@
-// `deepinfer check e2e`: the end-to-end golden check (DESIGN §7). Runs the golden prompts of a
+// `deepinfer check e2e`: the end-to-end golden check (docs/architecture.md §7, docs/numerics.md §11). Runs the golden prompts of a
 // model folder (golden/golden.json, written by the independent PyTorch reference) through the
 // engine at EP N: prefill of the prompt ids, then greedy decode of max_new_tokens, and compares
 //  - fp32 logits at every position: ‖a−b‖/‖b‖ <= --tol (per position);

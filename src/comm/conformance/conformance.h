@@ -1,4 +1,4 @@
-// The collective conformance suite (DESIGN §3, §7): every op of `Group` x dtype (full-range
+// The collective conformance suite (docs/architecture.md §3, §7): every op of `Group` x dtype (full-range
 // values) x size (0, 1, odd, >= 1 MiB) x split pattern, with payloads that encode their origin
 // so each wrong element is attributed, and closed-form expected results for reductions.
 // Runs on every rank of a group; results are agreed across ranks after each op.

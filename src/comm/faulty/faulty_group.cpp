@@ -153,6 +153,9 @@ class FaultyGroup final : public GroupDecorator {
               std::vector<const std::byte*>& peers) override {
     Group::expose(regions, peers);  // throws: no peer memory
   }
+  void expose_writable(std::span<const std::span<std::byte>>, std::vector<std::byte*>&) override {
+    DI_FAIL("{}: expose_writable on a group without peer memory", backend());
+  }
   std::byte* expose_staging(size_t) override { return nullptr; }
 
  private:

@@ -19,8 +19,8 @@ inline void cpu_relax() {
 }
 
 // dst[i] = ((src[0][i] + src[1][i]) + ...) + src[n-1][i], 64 columns at a time with the sums in
-// registers: one pass over the sources and one store (copying src[0] and folding the others in
-// one by one took 1.35x as long at 8 sources). dst may be one of the sources.
+// registers: one pass over the sources and one store, not a copy of src[0] with the others
+// folded in one by one (docs/performance.md §4). dst may be one of the sources.
 DI_CPU_CLONES void sum_in_rank_order(const float* const* src, int n, float* dst, size_t count) {
   constexpr size_t kCols = 64;
   size_t c = 0;
@@ -143,8 +143,8 @@ void LocalWorld::arrive_and_wait(int rank, const CallDesc& desc, size_t bytes,
       if (generation_.load(std::memory_order_acquire) != gen) return;
       if (broken_flag_.load(std::memory_order_relaxed)) break;
       // After ~10 us, yield now and then: a peer that the scheduler put on this same CPU then
-      // runs at once instead of after the whole spin (seen: 0.2 ms per collective, 5-10x dispatch
-      // times in some processes); a CPU of its own makes the yield return at once.
+      // runs at once instead of after the whole spin (docs/performance.md §4); a CPU of its own
+      // makes the yield return at once.
       if (i >= kBarrierPureSpinIters && i % 64 == 0) std::this_thread::yield();
       else cpu_relax();
     }
@@ -452,6 +452,13 @@ void LocalGroup::expose(std::span<const std::span<const std::byte>> regions, std
   for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
   peers.assign(regions.size() * size_t(size()), nullptr);
   all_gather(mine.data(), peers.data(), mine.size() * sizeof(const std::byte*), DType::u8);
+}
+
+void LocalGroup::expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) {
+  std::vector<std::byte*> mine(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
+  peers.assign(regions.size() * size_t(size()), nullptr);
+  all_gather(mine.data(), peers.data(), mine.size() * sizeof(std::byte*), DType::u8);
 }
 
 void LocalGroup::barrier() {

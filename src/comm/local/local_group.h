@@ -105,6 +105,8 @@ class LocalGroup final : public Group {
   void barrier() override;
   PeerMemory peer_memory() const override { return PeerMemory::address_space; }
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
+  // Peers write the regions where they are (one address space).
+  void expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) override;
 
  private:
   LocalSlot& begin(const CallDesc& desc, size_t bytes);  // publishes desc, starts the clock

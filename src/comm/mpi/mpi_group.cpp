@@ -180,7 +180,30 @@ void MpiGroup::free_window() {
 }
 
 void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) {
+  std::vector<std::byte*> at;
+  expose_in_window(regions, at);
+  peers.assign(at.begin(), at.end());
+}
+
+void MpiGroup::expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) {
+  std::vector<std::span<const std::byte>> ro(regions.begin(), regions.end());
+  expose_in_window(ro, peers);
+  const size_t n = regions.size();
+  copy_back_from_.clear();
+  copy_back_to_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    std::byte* in_window = peers[size_t(rank_) * n + i];
+    if (!regions[i].empty() && regions[i].data() != in_window) {
+      copy_back_from_.emplace_back(in_window, regions[i].size());
+      copy_back_to_.push_back(regions[i]);
+    }
+  }
+  writable_open_ = true;
+}
+
+void MpiGroup::expose_in_window(std::span<const std::span<const std::byte>> regions, std::vector<std::byte*>& peers) {
   DI_CHECK(peer_memory() != PeerMemory::none, "expose: the mpi ranks are not all on one host; check peer_memory() first");
+  DI_CHECK(!writable_open_, "expose: a writable exposure is still open; the ranks must meet at barrier() first");
   const size_t n = regions.size(), w = size_t(size_);
   auto aligned = [](size_t b) { return (b + 63) / 64 * 64; };
   // Every rank's region sizes (the deadline-bound collective that also proves all ranks are here).
@@ -391,8 +414,8 @@ void MpiGroup::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   }
 }
 
-// Not MPI_Ireduce_scatter_block: Open MPI's non-blocking version (libnbc) measured 11x slower
-// than the blocking call at 16 MiB per rank (90 ms against 8 ms, 2 ranks), and the blocking call
+// Not MPI_Ireduce_scatter_block: Open MPI's non-blocking version (libnbc) is far slower than the
+// blocking call at large sizes (docs/performance.md §4), and the blocking call
 // cannot honour the deadline. An all_to_all of the blocks and a local sum moves the same bytes as
 // a direct reduce-scatter, stays non-blocking, and fixes the addition order to ascending rank, so
 // mpi claims ordered_reduce like local (EP fast combine then matches bit for bit across backends).
@@ -544,9 +567,20 @@ void MpiGroup::broadcast(void* buf, size_t count, DType dtype, int root) {
 
 void MpiGroup::barrier() {
   const Call call = begin(OpKind::barrier, 0);
+  // Closing a writable exposure: the peers' stores before the barrier are visible after it
+  // (sync, barrier, sync), then land in the regions that were copied into the window.
+  const bool close = writable_open_;
+  if (close) MPI_Win_sync(window_);
   MPI_Request req;
   check_mpi(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
   wait(call, req);
+  if (!close) return;
+  MPI_Win_sync(window_);
+  for (size_t i = 0; i < copy_back_to_.size(); ++i)
+    std::memcpy(copy_back_to_[i].data(), copy_back_from_[i].data(), copy_back_to_[i].size());
+  copy_back_from_.clear();
+  copy_back_to_.clear();
+  writable_open_ = false;
 }
 
 }  // namespace deepinfer::comm

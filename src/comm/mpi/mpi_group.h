@@ -51,6 +51,9 @@ class MpiGroup final : public Group {
     return node_comm_ != MPI_COMM_NULL ? PeerMemory::window : PeerMemory::none;
   }
   void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
+  // The peers write the regions' copies in the window; the next barrier() copies them back (where
+  // a region was not built in the window already).
+  void expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) override;
   std::byte* expose_staging(size_t bytes) override;
 
   // A collective timed out (its requests are still pending): the job must be aborted.
@@ -71,12 +74,19 @@ class MpiGroup final : public Group {
                     const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets);
 
   void free_window();
+  // expose and expose_writable: copies the regions into this rank's slot of the window (grown as
+  // needed) and returns where every rank's regions are there.
+  void expose_in_window(std::span<const std::span<const std::byte>> regions, std::vector<std::byte*>& peers);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm node_comm_ = MPI_COMM_NULL;  // = comm_'s ranks, where they all share this host
   MPI_Win window_ = MPI_WIN_NULL;
   size_t window_bytes_ = 0;                 // per rank
   std::vector<std::byte*> window_at_;       // rank r's block, mapped here
+  // Open writable exposure (every rank alike): the next barrier() syncs the window and copies
+  // `copy_back` (window copy -> region) once every peer's writes have landed.
+  bool writable_open_ = false;
+  std::vector<std::span<std::byte>> copy_back_from_, copy_back_to_;
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_;

@@ -44,9 +44,18 @@ Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_va
     std::copy_n(all.begin() + std::ptrdiff_t(size_t(r) * row + 1), w, p.split.begin() + std::ptrdiff_t(size_t(r) * size_t(w)));
   }
   if (p.first_invalid_rank >= 0) return p;
+  return agreed_plan(w, std::move(p.split), p.all_x_in_place);
+}
+
+Plan agreed_plan(int world, std::vector<int64_t> split, bool all_x_in_place) {
+  DI_CHECK(split.size() == size_t(world) * size_t(world), "a2a plan: a split matrix of {} for {} ranks",
+           split.size(), world);
+  Plan p;
+  p.world = world;
+  p.split = std::move(split);
+  p.all_x_in_place = all_x_in_place;
   for (int64_t v : p.split) p.total += v;
   p.max_split = p.split.empty() ? 0 : *std::max_element(p.split.begin(), p.split.end());
-  p.lowering = choose_lowering(p.split, group.capabilities());
   return p;
 }
 

@@ -1,5 +1,6 @@
-// Algorithm `a2a`: records move with one all_to_all after the W×W split matrix is all-gathered,
-// so every rank sees the same matrix and picks the same lowering (DESIGN §4). Sees only Group.
+// Algorithm `a2a`, its transport: the W×W split matrix is all-gathered (the plan), so every rank
+// sees the same matrix and picks the same lowering (ep/path.h); records then move by one
+// all_to_all of that lowering. The lowerings that use it are the other files of alltoall/.
 #pragma once
 
 #include <deepinfer/comm.h>
@@ -22,7 +23,6 @@ std::string_view to_string(Lowering l);
 struct Plan {
   int world = 1;
   std::vector<int64_t> split;  // [W, W]: records rank i sends rank j
-  Lowering lowering = Lowering::even;
   int64_t max_split = 0;
   int64_t total = 0;            // records all ranks send in all
   int first_invalid_rank = -1;  // lowest rank that passed invalid input (split left empty), or -1
@@ -45,9 +45,12 @@ struct Plan {
 // Same on every rank given the same matrix. Throws when the backend trusts no lowering.
 Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& caps);
 
+// The plan of an agreed split matrix [W, W] (total and max_split filled in).
+Plan agreed_plan(int world, std::vector<int64_t> split, bool all_x_in_place);
+
 // Collective: one all_gather of this rank's send counts [W], whether its input is valid and
 // whether its x is in place (Group::expose_staging), so neither agreement costs a collective of
-// its own; returns the agreed plan (with no lowering chosen where a rank's input was invalid).
+// its own; returns the agreed plan (split left empty where a rank's input was invalid).
 Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid, bool x_in_place = false);
 
 // Reusable staging for the padded lowering.
