@@ -1,5 +1,5 @@
-// comm: one rank's handle on a process group (docs/architecture.md §3). Every collective is blocking,
-// has a deadline (DEEPINFER_COMM_TIMEOUT_S) and throws CommTimeout naming op, rank, size
+// comm: one rank's handle on a process group (docs/architecture.md §3). Every collective is
+// blocking, has a deadline (DEEPINFER_COMM_TIMEOUT_S) and throws CommTimeout naming op, rank, size
 // and bytes when it expires. Buffers are laid out contiguously in rank order.
 #pragma once
 
@@ -77,19 +77,21 @@ class Group {
   // break. EPBuffer's a2a direct lowerings read (and, in one address space, write) their peers'
   // buffers this way (docs/ep.md).
   virtual PeerMemory peer_memory() const { return PeerMemory::none; }
-  // Collective, where peer_memory() != none: every rank exposes the same number of regions, and gets
-  // peers[r · regions.size() + i] = where rank r's region i is readable from here (local: r's own
-  // pointer, nothing copied; mpi: r's copy in the shared window). They stay readable, and must
+  // Collective, where peer_memory() != none: every rank exposes the same number of regions, and
+  // gets peers[r · regions.size() + i] = where rank r's region i is readable from here (local: r's
+  // own pointer, nothing copied; mpi: r's copy in the shared window). They stay readable, and must
   // stay unchanged (by their owner and by the peers, which only read them), until the ranks' next
   // barrier(). Elsewhere it throws.
-  virtual void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers);
+  virtual void expose(std::span<const std::span<const std::byte>> regions,
+                      std::vector<const std::byte*>& peers);
   // Collective, like expose, for regions the peers write into: peers[r · regions.size() + i] =
   // where this rank may write rank r's region i. Every peer write has reached the region itself
   // once the ranks' next barrier() returns (local: the region is written where it is; mpi: its
   // copy in the shared window is, copied back at that barrier). Bytes no peer writes keep their
   // values; the owner leaves the regions alone until that barrier. The default serves groups in
   // one address space (it gathers the regions' addresses) and throws elsewhere.
-  virtual void expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers);
+  virtual void expose_writable(std::span<const std::span<std::byte>> regions,
+                               std::vector<std::byte*>& peers);
   // Where this rank may build the first region of its next expose so that expose finds it in
   // place and copies nothing: `bytes` at the start of its slot of the shared window (mpi). nullptr
   // where there is no such place: exposing copies nothing anyway (local), the window is not (yet)
@@ -105,9 +107,9 @@ CommKind comm_kind_from_knobs();
 
 struct LaunchOptions {
   CommKind comm = CommKind::local;
-  int world = 1;           // local: number of rank threads; mpi: checked against the launcher
-  std::string fault;       // empty, or a fault name for the `faulty` wrapper
-  double timeout_s = 0;    // 0 = DEEPINFER_COMM_TIMEOUT_S
+  int world = 1;         // local: number of rank threads; mpi: checked against the launcher
+  std::string fault;     // empty, or a fault name for the `faulty` wrapper
+  double timeout_s = 0;  // 0 = DEEPINFER_COMM_TIMEOUT_S
   std::string world_option = "--world";  // how the caller's user sets `world`, for messages
 };
 

@@ -1,5 +1,5 @@
-// Element types and exact scalar conversions (docs/numerics.md §1, §2): bf16 and fp8 (e4m3fn, e5m2),
-// round-to-nearest-even; e4m3fn saturates to ±448 (it has no inf) and keeps NaN.
+// Element types and exact scalar conversions (docs/numerics.md §1, §2): bf16 and fp8 (e4m3fn,
+// e5m2), round-to-nearest-even; e4m3fn saturates to ±448 (it has no inf) and keeps NaN.
 #pragma once
 
 #include <bit>
@@ -15,25 +15,38 @@ enum class DType : uint8_t { f32, f64, bf16, e4m3, e5m2, i8, u8, i32, i64 };
 constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::f64:
-    case DType::i64: return 8;
+    case DType::i64:
+      return 8;
     case DType::f32:
-    case DType::i32: return 4;
-    case DType::bf16: return 2;
-    default: return 1;
+    case DType::i32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    default:
+      return 1;
   }
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::e4m3: return "e4m3";
-    case DType::e5m2: return "e5m2";
-    case DType::i8: return "i8";
-    case DType::u8: return "u8";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::e4m3:
+      return "e4m3";
+    case DType::e5m2:
+      return "e5m2";
+    case DType::i8:
+      return "i8";
+    case DType::u8:
+      return "u8";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }

@@ -80,7 +80,9 @@ struct EPConfig {
   // DEEPINFER_EP_* knobs (read once per process; an invalid one throws, naming it).
   static EPConfig from_knobs();
 
-  int scale_cols() const { return dispatch_dtype == DispatchDType::fp8 ? (hidden + kEpScaleBlock - 1) / kEpScaleBlock : 0; }
+  int scale_cols() const {
+    return dispatch_dtype == DispatchDType::fp8 ? (hidden + kEpScaleBlock - 1) / kEpScaleBlock : 0;
+  }
   // Throws Error naming the field. world = group size.
   void validate(int world) const;
   std::string describe() const;
@@ -112,16 +114,17 @@ struct Handle {
 
 // N = received rows (one per (source token, this rank)); S = expanded rows = Σ aligned counts.
 struct DispatchOutput {
-  Tensor x;             // [N, H] or expand [S, H], input dtype; expand padding rows zero
-  Tensor scales;        // [N or S, P] f32 (fp8 only); expand padding zero
-  Tensor topk_idx;      // [N, K] i64 local expert id or -1; expand: [S] i64 local expert, -1 padding
-  Tensor topk_weights;  // [N, K] f32 all source weights; expand: [S] f32 the row's slot weight, 0 padding
+  Tensor x;         // [N, H] or expand [S, H], input dtype; expand padding rows zero
+  Tensor scales;    // [N or S, P] f32 (fp8 only); expand padding zero
+  Tensor topk_idx;  // [N, K] i64 local expert id or -1; expand: [S] i64 local expert, -1 padding
+  Tensor topk_weights;  // [N, K] f32 all source weights; expand: [S] f32 the row's slot weight, 0
+                        // padding
   Tensor src;           // [N] i64 gid; expand: [S] i64 gid, -1 padding
   Tensor expand_row;    // expand only: [S] i64 index of the received row (0..N-1), -1 padding
-  int64_t num_recv_tokens = 0;                               // N
-  std::vector<int64_t> num_recv_tokens_per_rank;             // [W] rows from each source rank
-  std::vector<int64_t> num_recv_tokens_per_expert;           // [L] raw counts
-  std::vector<int64_t> num_recv_tokens_per_expert_aligned;   // [L] aligned to expert_alignment
+  int64_t num_recv_tokens = 0;                              // N
+  std::vector<int64_t> num_recv_tokens_per_rank;            // [W] rows from each source rank
+  std::vector<int64_t> num_recv_tokens_per_expert;          // [L] raw counts
+  std::vector<int64_t> num_recv_tokens_per_expert_aligned;  // [L] aligned to expert_alignment
   Handle handle;
 };
 
@@ -172,8 +175,8 @@ class EPBuffer {
   // - y (combine_input) lives through its combine (and may be combined again); dispatch,
   //   dispatch_input and the next combine_input reuse its place, so they throw Error while any
   //   y tensor is alive. Drop y once its combine has returned.
-  // Raw pointers taken from these tensors are outside the count: they are valid while the tensor is.
-  // The count covers this EPBuffer's own calls; another user of the group's window (a second
+  // Raw pointers taken from these tensors are outside the count: they are valid while the tensor
+  // is. The count covers this EPBuffer's own calls; another user of the group's window (a second
   // EPBuffer on the same group, a direct Group::expose) reuses the same bytes.
   //
   // Local. Where to write the expert outputs for combine(y, handle): [N, H] or [S, H] bf16,

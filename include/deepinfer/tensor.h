@@ -17,6 +17,8 @@
 namespace deepinfer {
 
 namespace detail {
+// A misused Tensor (a bug in the caller): throws InternalError with `what` (host_memory.cpp).
+[[noreturn]] void tensor_error(const std::string& what);
 // 64-byte aligned storage of at least `bytes`; large blocks are cached for reuse (host_memory.cpp).
 std::shared_ptr<std::byte> host_alloc(size_t bytes);
 // Bytes of released storage held for reuse (tests, diagnostics).
@@ -25,8 +27,8 @@ size_t host_alloc_idle_bytes();
 
 // Process-wide: tells glibc malloc to keep freed memory (no heap trim; mmap only from 32 MiB), so
 // per-step vectors and small tensors reuse mapped pages instead of faulting them in again (on a
-// VM each first touch is a costly fault: docs/performance.md §6). The deepinfer CLI calls it at startup; an embedding
-// application may. Memory freed stays with the process for reuse.
+// VM each first touch is a costly fault: docs/performance.md §6). The deepinfer CLI calls it at
+// startup; an embedding application may. Memory freed stays with the process for reuse.
 void keep_freed_host_memory();
 
 class Tensor {
@@ -59,8 +61,9 @@ class Tensor {
     t.data_ = data;
     t.strides_ = strides.empty() ? contiguous_strides(shape) : std::move(strides);
     t.shape_ = std::move(shape);
-    DI_CHECK(t.strides_.size() == t.shape_.size(), "strides rank {} != shape rank {}",
-             t.strides_.size(), t.shape_.size());
+    if (t.strides_.size() != t.shape_.size()) [[unlikely]]
+      detail::tensor_error("strides rank " + std::to_string(t.strides_.size()) + " != shape rank " +
+                           std::to_string(t.shape_.size()));
     return t;
   }
 
@@ -79,7 +82,9 @@ class Tensor {
   int ndim() const { return int(shape_.size()); }
   int64_t dim(int i) const {
     const int j = i < 0 ? i + ndim() : i;
-    DI_CHECK(j >= 0 && j < ndim(), "dim {} out of range for a {}-d tensor", i, ndim());
+    if (j < 0 || j >= ndim()) [[unlikely]]
+      detail::tensor_error("dim " + std::to_string(i) + " out of range for a " +
+                           std::to_string(ndim()) + "-d tensor");
     return shape_[size_t(j)];
   }
   int64_t numel() const {
@@ -98,18 +103,22 @@ class Tensor {
 
   // Same storage, new contiguous shape (numel must match).
   Tensor view(std::vector<int64_t> shape) const {
-    DI_CHECK(is_contiguous(), "view() needs a contiguous tensor");
+    if (!is_contiguous()) [[unlikely]]
+      detail::tensor_error("view() needs a contiguous tensor");
     check_shape(shape);
     Tensor t = *this;
     t.strides_ = contiguous_strides(shape);
     t.shape_ = std::move(shape);
-    DI_CHECK(t.numel() == numel(), "view of {} elements as {} elements", numel(), t.numel());
+    if (t.numel() != numel()) [[unlikely]]
+      detail::tensor_error("view of " + std::to_string(numel()) + " elements as " +
+                           std::to_string(t.numel()) + " elements");
     return t;
   }
   // Rows [begin, end) of dim 0, sharing storage.
   Tensor rows(int64_t begin, int64_t end) const {
-    DI_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0],
-             "rows [{}, {}) out of range for dim0 = {}", begin, end, ndim() ? shape_[0] : 0);
+    if (!(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0])) [[unlikely]]
+      detail::tensor_error("rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                           ") out of range for dim0 = " + std::to_string(ndim() ? shape_[0] : 0));
     Tensor t = *this;
     t.shape_[0] = end - begin;
     t.data_ = static_cast<std::byte*>(data_) + begin * strides_[0] * int64_t(dtype_size(dtype_));
@@ -118,7 +127,8 @@ class Tensor {
   // Deep copy into new owning storage; an undefined tensor clones to an undefined one.
   Tensor clone() const {
     if (!defined()) return Tensor();
-    DI_CHECK(is_contiguous(), "clone() needs a contiguous tensor");
+    if (!is_contiguous()) [[unlikely]]
+      detail::tensor_error("clone() needs a contiguous tensor");
     Tensor t = empty(dtype_, shape_);
     if (nbytes()) std::memcpy(t.data_, data_, nbytes());
     return t;
@@ -140,8 +150,10 @@ class Tensor {
  private:
   static void check_shape(const std::vector<int64_t>& shape) {
     for (size_t i = 0; i < shape.size(); ++i)
-      DI_CHECK(shape[i] >= 0, "negative size {} for dimension {} of a {}-d shape", shape[i], i,
-               shape.size());
+      if (shape[i] < 0) [[unlikely]]
+        detail::tensor_error("negative size " + std::to_string(shape[i]) + " for dimension " +
+                             std::to_string(i) + " of a " + std::to_string(shape.size()) +
+                             "-d shape");
   }
 
   DType dtype_ = DType::f32;

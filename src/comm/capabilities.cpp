@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/group_decorator.h"
+#include "core/check.h"
 #include "core/log.h"
 
 namespace deepinfer {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/check.h"
 #include "core/env.h"
 
 namespace deepinfer::comm {
@@ -84,18 +85,21 @@ namespace deepinfer {
 namespace comm {
 void check_rows_args(size_t world, size_t offsets, size_t recv_rows) {
   DI_CHECK(offsets == world + 1 && recv_rows == world,
-           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})", offsets, recv_rows,
-           world, world + 1, world);
+           "all_to_all_v_rows: {} offsets and {} recv_rows for a world of {} (want {} and {})",
+           offsets, recv_rows, world, world + 1, world);
 }
 }  // namespace comm
 
 void Group::expose(std::span<const std::span<const std::byte>>, std::vector<const std::byte*>&) {
-  DI_FAIL("expose: the {} backend has no peer memory (check Group::peer_memory() first)", backend());
+  DI_FAIL("expose: the {} backend has no peer memory (check Group::peer_memory() first)",
+          backend());
 }
 
-void Group::expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) {
+void Group::expose_writable(std::span<const std::span<std::byte>> regions,
+                            std::vector<std::byte*>& peers) {
   DI_CHECK(peer_memory() == PeerMemory::address_space,
-           "expose_writable: the {} backend has no writable peer memory here (check Group::peer_memory() first)",
+           "expose_writable: the {} backend has no writable peer memory here (check "
+           "Group::peer_memory() first)",
            backend());
   // One address space: a region's own address is where every peer writes it.
   std::vector<std::byte*> mine(regions.size());
@@ -106,14 +110,16 @@ void Group::expose_writable(std::span<const std::span<std::byte>> regions, std::
 
 // Group::all_to_all_v_rows for backends that cannot send from rows: pack, then all_to_all_v.
 void Group::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
-                              std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {
+                              std::span<const int64_t> offsets, void* recv,
+                              std::span<const size_t> recv_rows) {
   const size_t n = size_t(size());
   comm::check_rows_args(n, offsets.size(), recv_rows.size());
   thread_local std::vector<std::byte> packed;  // reused: a fresh big buffer faults on every page
   packed.resize(std::max<size_t>(1, size_t(offsets[n]) * row_bytes));
   const auto* src = static_cast<const std::byte*>(base);
   for (int64_t i = 0; i < offsets[n]; ++i)
-    std::memcpy(packed.data() + size_t(i) * row_bytes, src + size_t(rows[size_t(i)]) * row_bytes, row_bytes);
+    std::memcpy(packed.data() + size_t(i) * row_bytes, src + size_t(rows[size_t(i)]) * row_bytes,
+                row_bytes);
   std::vector<size_t> sc(n), rc(n);
   for (size_t r = 0; r < n; ++r) {
     sc[r] = size_t(offsets[r + 1] - offsets[r]) * row_bytes;

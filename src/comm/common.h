@@ -1,5 +1,6 @@
 // Shared pieces of the comm backends: op names, call descriptors (for mismatch errors),
-// the timeout message, and the limits every backend uses (docs/architecture.md §8: constants in one place).
+// the timeout message, and the limits every backend uses (docs/architecture.md §8: constants in one
+// place).
 #pragma once
 
 #include <deepinfer/comm.h>

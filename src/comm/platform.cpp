@@ -9,6 +9,8 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "core/check.h"
+
 namespace deepinfer {
 namespace {
 
@@ -92,7 +94,8 @@ CommKind choose_comm(std::optional<CommKind> option, std::string_view option_nam
       (!option && env_comm && *env_comm == CommKind::local))
     DI_FAIL(
         "{}, but this process is one of {} started by a launcher ({}={}): each would run its own "
-        "independent local job. Drop {} (under mpirun/srun the ranks are the processes: --comm mpi), "
+        "independent local job. Drop {} (under mpirun/srun the ranks are the processes: --comm "
+        "mpi), "
         "or run without the launcher to use rank threads",
         who, launch->processes, launch->variable, launch->processes, who);
   return CommKind::mpi;
@@ -111,7 +114,8 @@ std::vector<int> cpu_share(std::span<const int> cpus, int rank, int world) {
   if (world < 1 || rank < 0 || rank >= world || n < w) return {};
   const size_t r = size_t(rank), base = n / w, extra = n % w;
   const size_t begin = r * base + std::min(r, extra);
-  return {cpus.begin() + std::ptrdiff_t(begin), cpus.begin() + std::ptrdiff_t(begin + base + (r < extra))};
+  return {cpus.begin() + std::ptrdiff_t(begin),
+          cpus.begin() + std::ptrdiff_t(begin + base + (r < extra))};
 }
 
 bool pin_rank_thread(int rank, int world) {

@@ -16,6 +16,7 @@
 #include "comm/local/local_group.h"
 #include "comm/mpi/mpi_group.h"
 #include "comm/platform.h"
+#include "core/check.h"
 #include "core/env.h"
 #include "core/log.h"
 
@@ -103,13 +104,15 @@ void run_mpi(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (opts.world > 1 && opts.world != size && size == 1 && !launcher_placement())
     DI_FAIL(
-        "{0} {1} with --comm mpi needs {1} processes, one per rank, but this one was not started by "
+        "{0} {1} with --comm mpi needs {1} processes, one per rank, but this one was not started "
+        "by "
         "mpirun: launch it as `mpirun -np {1} deepinfer ...`, or use --comm local to run {1} rank "
         "threads in this process",
         opts.world_option, opts.world);
   if (opts.world > 1 && opts.world != size)
     DI_FAIL(
-        "{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch sets it)",
+        "{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch "
+        "sets it)",
         opts.world_option, opts.world, size);
   set_log_rank(rank, size);
   if (auto p = launcher_placement(); p && (p->rank != rank || p->world != size))

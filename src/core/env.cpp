@@ -1,4 +1,5 @@
-// Environment knobs (docs/architecture.md §9): every DEEPINFER_* variable is parsed and validated here.
+// Environment knobs (docs/architecture.md §9): every DEEPINFER_* variable is parsed and validated
+// here.
 #include "core/env.h"
 
 #include <deepinfer/error.h>
@@ -9,6 +10,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+
+#include "core/check.h"
 
 extern char** environ;
 

@@ -1,5 +1,5 @@
-// Environment knobs (docs/architecture.md §9), parsed and validated in one place. An invalid value is a
-// startup error naming the variable and its allowed values.
+// Environment knobs (docs/architecture.md §9), parsed and validated in one place. An invalid value
+// is a startup error naming the variable and its allowed values.
 #pragma once
 
 #include <cstddef>
@@ -17,21 +17,21 @@ namespace deepinfer {
 // layer. A knob with a fixed set of words keeps the word, and the layer that owns the knob maps it
 // to its own enum once (EPConfig::from_knobs, comm_kind_from_knobs, kernels::backend_from_knobs).
 struct Knobs {
-  std::string comm = "local";              // DEEPINFER_COMM = local|mpi
-  double comm_timeout_s = 60.0;            // DEEPINFER_COMM_TIMEOUT_S (> 0)
-  std::string ep_algo = "auto";            // DEEPINFER_EP_ALGO = ag|a2a|auto
-  std::string ep_ag_rows = "max";          // DEEPINFER_EP_AG_ROWS = max|cap
-  std::string ep_reduce = "rs";            // DEEPINFER_EP_REDUCE = rs|ar
-  size_t ep_chunk_bytes = 64ull << 20;     // DEEPINFER_EP_CHUNK_BYTES (>= 4096)
-  std::string ep_combine = "exact";        // DEEPINFER_EP_COMBINE = exact|fast
-  std::string ep_peer_memory = "auto";     // DEEPINFER_EP_PEER_MEMORY = on|off|auto
-  std::string kernels = "cpu";             // DEEPINFER_KERNELS = host|cpu
-  bool decode_layout = true;               // DEEPINFER_DECODE_LAYOUT = on|off
-  int threads = 0;                         // DEEPINFER_THREADS (0 = hardware threads)
-  bool pin_ranks = true;                   // DEEPINFER_PIN_RANKS = on|off
-  std::string fault;                       // DEEPINFER_FAULT = kernel:<op>:<call> (the op: kernels)
-  std::string capabilities_file;           // DEEPINFER_CAPABILITIES
-  std::string log_level = "info";          // DEEPINFER_LOG = debug|info|warn|error
+  std::string comm = "local";           // DEEPINFER_COMM = local|mpi
+  double comm_timeout_s = 60.0;         // DEEPINFER_COMM_TIMEOUT_S (> 0)
+  std::string ep_algo = "auto";         // DEEPINFER_EP_ALGO = ag|a2a|auto
+  std::string ep_ag_rows = "max";       // DEEPINFER_EP_AG_ROWS = max|cap
+  std::string ep_reduce = "rs";         // DEEPINFER_EP_REDUCE = rs|ar
+  size_t ep_chunk_bytes = 64ull << 20;  // DEEPINFER_EP_CHUNK_BYTES (>= 4096)
+  std::string ep_combine = "exact";     // DEEPINFER_EP_COMBINE = exact|fast
+  std::string ep_peer_memory = "auto";  // DEEPINFER_EP_PEER_MEMORY = on|off|auto
+  std::string kernels = "cpu";          // DEEPINFER_KERNELS = host|cpu
+  bool decode_layout = true;            // DEEPINFER_DECODE_LAYOUT = on|off
+  int threads = 0;                      // DEEPINFER_THREADS (0 = hardware threads)
+  bool pin_ranks = true;                // DEEPINFER_PIN_RANKS = on|off
+  std::string fault;                    // DEEPINFER_FAULT = kernel:<op>:<call> (the op: kernels)
+  std::string capabilities_file;        // DEEPINFER_CAPABILITIES
+  std::string log_level = "info";       // DEEPINFER_LOG = debug|info|warn|error
 };
 
 // Parses every knob from `getenv` (tests pass their own lookup). Throws Error naming the

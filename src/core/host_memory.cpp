@@ -4,7 +4,6 @@
 // and EP outputs every step then spends most of its time faulting (docs/performance.md §6).
 // PyTorch's caching allocator answers the same problem the same way.
 #include <deepinfer/tensor.h>
-
 #include <malloc.h>
 
 #include <algorithm>
@@ -14,6 +13,8 @@
 #include <mutex>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::detail {
 namespace {
 
@@ -21,7 +22,8 @@ namespace {
 // few hundred KiB to smaller requests and serves the next one from fresh pages at the top of its
 // heap (the fp8 dispatch's 224 KiB scales did, docs/performance.md §6).
 constexpr size_t kCacheFrom = size_t(64) << 10;
-constexpr size_t kCacheLimit = size_t(4) << 30;   // bytes kept idle at most; beyond, blocks are freed
+constexpr size_t kCacheLimit = size_t(4)
+                               << 30;  // bytes kept idle at most; beyond, blocks are freed
 
 // Rounds up to a size class: 4 classes per power of two (at most 25% slack), 64-byte multiple.
 size_t size_class(size_t bytes) {
@@ -71,6 +73,8 @@ void release(void* p, size_t cls) {
 
 }  // namespace
 
+void tensor_error(const std::string& what) { throw InternalError(what); }
+
 std::shared_ptr<std::byte> host_alloc(size_t bytes) {
   const size_t cls = size_class(std::max<size_t>(bytes, 1));
   void* p = nullptr;
@@ -80,7 +84,8 @@ std::shared_ptr<std::byte> host_alloc(size_t bytes) {
     auto it = c.idle.find(cls);
     if (it != c.idle.end() && !it->second.empty()) {
       std::vector<IdleBlock>& blocks = it->second;
-      auto own = std::find_if(blocks.rbegin(), blocks.rend(), [me = thread_tag()](const IdleBlock& b) { return b.freed_by == me; });
+      auto own = std::find_if(blocks.rbegin(), blocks.rend(),
+                              [me = thread_tag()](const IdleBlock& b) { return b.freed_by == me; });
       auto take = own != blocks.rend() ? std::prev(own.base()) : std::prev(blocks.end());
       p = take->p;
       blocks.erase(take);
@@ -89,7 +94,8 @@ std::shared_ptr<std::byte> host_alloc(size_t bytes) {
   }
   if (!p) p = std::aligned_alloc(64, cls);
   DI_CHECK(p, "out of memory allocating {} bytes of tensor storage", cls);
-  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [cls](std::byte* q) { release(q, cls); });
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                    [cls](std::byte* q) { release(q, cls); });
 }
 
 size_t host_alloc_idle_bytes() {

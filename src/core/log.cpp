@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/check.h"
 #include "core/env.h"
 
 namespace deepinfer {

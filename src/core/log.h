@@ -6,6 +6,8 @@
 
 #include <string_view>
 
+#include "core/check.h"
+
 namespace deepinfer {
 
 enum class LogLevel : uint8_t { debug, info, warn, error };
@@ -16,15 +18,18 @@ bool log_enabled(LogLevel level);
 
 template <class... Args>
 void log_info(fmt::format_string<Args...> f, Args&&... args) {
-  if (log_enabled(LogLevel::info)) log_message(LogLevel::info, fmt::format(f, std::forward<Args>(args)...));
+  if (log_enabled(LogLevel::info))
+    log_message(LogLevel::info, fmt::format(f, std::forward<Args>(args)...));
 }
 template <class... Args>
 void log_warn(fmt::format_string<Args...> f, Args&&... args) {
-  if (log_enabled(LogLevel::warn)) log_message(LogLevel::warn, fmt::format(f, std::forward<Args>(args)...));
+  if (log_enabled(LogLevel::warn))
+    log_message(LogLevel::warn, fmt::format(f, std::forward<Args>(args)...));
 }
 template <class... Args>
 void log_debug(fmt::format_string<Args...> f, Args&&... args) {
-  if (log_enabled(LogLevel::debug)) log_message(LogLevel::debug, fmt::format(f, std::forward<Args>(args)...));
+  if (log_enabled(LogLevel::debug))
+    log_message(LogLevel::debug, fmt::format(f, std::forward<Args>(args)...));
 }
 template <class... Args>
 void log_error(fmt::format_string<Args...> f, Args&&... args) {

@@ -5,6 +5,8 @@
 
 #include <filesystem>
 
+#include "core/check.h"
+
 namespace deepinfer {
 
 std::string output_file_problem(const std::string& path) {

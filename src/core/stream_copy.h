@@ -33,7 +33,8 @@ inline void copy_streaming(std::byte* dst, const std::byte* src, size_t n) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
   }
   for (; i + 16 <= n; i += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
   std::memcpy(dst + i, src + i, n - i);
 #else
   std::memcpy(dst, src, n);

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/check.h"
 #include "core/env.h"
 
 namespace deepinfer {
@@ -96,7 +97,8 @@ struct ThreadPool::Impl {
     uint64_t seen = 0;
     for (;;) {
       spin_until([&] {
-        return generation_pub.load(std::memory_order_acquire) != seen || stop_pub.load(std::memory_order_relaxed);
+        return generation_pub.load(std::memory_order_acquire) != seen ||
+               stop_pub.load(std::memory_order_relaxed);
       });
       {
         std::unique_lock lock(mutex);

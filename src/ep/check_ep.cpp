@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "ep/reference.h"
 
@@ -32,7 +33,8 @@ struct CaseSpec {
                                 dtype == DispatchDType::fp8 ? "fp8" : "bf16", expand ? 1 : 0, align,
                                 to_string(combine));
     if (algo != EpAlgo::a2a)
-      s += fmt::format(" rows={} reduce={} chunk={}", to_string(rows), to_string(reduce), small_chunk ? "4K" : "default");
+      s += fmt::format(" rows={} reduce={} chunk={}", to_string(rows), to_string(reduce),
+                       small_chunk ? "4K" : "default");
     if (!peer_memory) s += " peer_memory=off";
     if (in_place) s += " x,y=in_place";
     return s;
@@ -71,7 +73,8 @@ struct Checker {
   }
   template <class T>
   void equal_bytes(const char* what, const T* got, size_t n_got, const T* want, size_t n_want) {
-    if (n_got != n_want) return fail(fmt::format("{}: {} elements, expected {}", what, n_got, n_want));
+    if (n_got != n_want)
+      return fail(fmt::format("{}: {} elements, expected {}", what, n_got, n_want));
     if (n_got == 0 || std::memcmp(got, want, n_got * sizeof(T)) == 0) return;
     for (size_t i = 0; i < n_got; ++i)
       if (std::memcmp(got + i, want + i, sizeof(T)) != 0)
@@ -84,19 +87,22 @@ struct Checker {
   }
   void equal_tensors(const char* what, const Tensor& a, const Tensor& b) {
     if (a.defined() != b.defined() || (a.defined() && a.shape() != b.shape()))
-      return fail(fmt::format("{}: shapes {} vs {}", what, a.defined() ? a.describe() : "-", b.defined() ? b.describe() : "-"));
+      return fail(fmt::format("{}: shapes {} vs {}", what, a.defined() ? a.describe() : "-",
+                              b.defined() ? b.describe() : "-"));
     if (a.defined()) equal_tensor(what, a, b.raw(), b.nbytes());
   }
 };
 
 void check_dispatch(Checker& c, const DispatchOutput& out, const ref::ExpectedDispatch& ex,
                     const EPConfig& cfg) {
-  c.equal_bytes("num_recv_tokens_per_rank", out.num_recv_tokens_per_rank.data(), out.num_recv_tokens_per_rank.size(),
-                ex.per_rank.data(), ex.per_rank.size());
+  c.equal_bytes("num_recv_tokens_per_rank", out.num_recv_tokens_per_rank.data(),
+                out.num_recv_tokens_per_rank.size(), ex.per_rank.data(), ex.per_rank.size());
   c.equal_bytes("num_recv_tokens_per_expert (raw)", out.num_recv_tokens_per_expert.data(),
                 out.num_recv_tokens_per_expert.size(), ex.count_raw.data(), ex.count_raw.size());
-  c.equal_bytes("num_recv_tokens_per_expert (aligned)", out.num_recv_tokens_per_expert_aligned.data(),
-                out.num_recv_tokens_per_expert_aligned.size(), ex.count_aligned.data(), ex.count_aligned.size());
+  c.equal_bytes("num_recv_tokens_per_expert (aligned)",
+                out.num_recv_tokens_per_expert_aligned.data(),
+                out.num_recv_tokens_per_expert_aligned.size(), ex.count_aligned.data(),
+                ex.count_aligned.size());
   if (out.num_recv_tokens != ex.num_recv)
     c.fail(fmt::format("num_recv_tokens {} expected {}", out.num_recv_tokens, ex.num_recv));
   c.equal_tensor("recv x", out.x, ex.x.data(), ex.x.size());
@@ -134,13 +140,15 @@ Tensor make_y(const DispatchOutput& out, const EPConfig& cfg, int rank, int worl
       continue;
     }
     const int64_t gtok = token_offset[size_t(gid / m)] + gid % m;
-    const int64_t key = cfg.expand ? int64_t(rank) * l + out.topk_idx.data<int64_t>()[i] : cfg.num_experts + rank;
+    const int64_t key =
+        cfg.expand ? int64_t(rank) * l + out.topk_idx.data<int64_t>()[i] : cfg.num_experts + rank;
     for (int64_t c = 0; c < h; ++c) py[i * h + c] = ref::y_value(seed, gtok, key, int(c));
   }
   return y;
 }
 
-void check_layout(Checker& c, const EPBuffer& buf, const ref::RankInput& in, const EPConfig& cfg, int world) {
+void check_layout(Checker& c, const EPBuffer& buf, const ref::RankInput& in, const EPConfig& cfg,
+                  int world) {
   const Layout lay = buf.layout(Tensor::borrow(const_cast<int64_t*>(in.topk_idx.data()), DType::i64,
                                                {in.num_tokens, cfg.num_topk}));
   const int64_t k = cfg.num_topk, l = cfg.num_experts / world;
@@ -155,10 +163,10 @@ void check_layout(Checker& c, const EPBuffer& buf, const ref::RankInput& in, con
     }
   for (int64_t t = 0; t < in.num_tokens; ++t)
     for (int r = 0; r < world; ++r) per_rank[size_t(r)] += in_rank[size_t(t * world + r)];
-  c.equal_bytes("layout num_tokens_per_rank", lay.num_tokens_per_rank.data(), lay.num_tokens_per_rank.size(),
-                per_rank.data(), per_rank.size());
-  c.equal_bytes("layout num_tokens_per_expert", lay.num_tokens_per_expert.data(), lay.num_tokens_per_expert.size(),
-                per_expert.data(), per_expert.size());
+  c.equal_bytes("layout num_tokens_per_rank", lay.num_tokens_per_rank.data(),
+                lay.num_tokens_per_rank.size(), per_rank.data(), per_rank.size());
+  c.equal_bytes("layout num_tokens_per_expert", lay.num_tokens_per_expert.data(),
+                lay.num_tokens_per_expert.size(), per_expert.data(), per_expert.size());
   c.equal_bytes("layout is_token_in_rank", lay.is_token_in_rank.data(), lay.is_token_in_rank.size(),
                 in_rank.data(), in_rank.size());
 }
@@ -187,10 +195,12 @@ int64_t check_x_survives_dispatch(Group& group) {
   EPBuffer buf(group, cfg);
   const int64_t t = cfg.num_max_tokens_per_rank, p = cfg.scale_cols();
   std::vector<uint8_t> x(size_t(t * cfg.hidden));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = uint8_t((i * 131 + size_t(me) * 17) % 251);  // no NaN codes
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = uint8_t((i * 131 + size_t(me) * 17) % 251);  // no NaN codes
   std::vector<float> scales(size_t(t * p), 1.0f), weights(size_t(t * 2), 0.5f);
   std::vector<int64_t> idx(size_t(t * 2));
-  for (int64_t i = 0; i < t; ++i) idx[size_t(2 * i)] = i % cfg.num_experts, idx[size_t(2 * i + 1)] = (i + 1) % cfg.num_experts;
+  for (int64_t i = 0; i < t; ++i)
+    idx[size_t(2 * i)] = i % cfg.num_experts, idx[size_t(2 * i + 1)] = (i + 1) % cfg.num_experts;
   DispatchInput in;
   in.x = buf.dispatch_input(t);
   std::memcpy(in.x.raw(), x.data(), x.size());
@@ -234,8 +244,10 @@ int check_invalid_inputs(Group& group, const EPConfig& base, const ref::GenParam
           di = in.as_input(cfg);
         }
         in.topk_idx[0] = 0;
-        if (b.kind == 0) in.topk_idx[size_t(k - 1)] = 0;
-        else in.topk_idx[size_t(k - 1)] = cfg.num_experts;
+        if (b.kind == 0)
+          in.topk_idx[size_t(k - 1)] = 0;
+        else
+          in.topk_idx[size_t(k - 1)] = cfg.num_experts;
       } else if (b.kind == 2) {
         const int64_t t = cfg.num_max_tokens_per_rank + 1;
         big_idx.assign(size_t(t * k), -1);
@@ -257,8 +269,9 @@ int check_invalid_inputs(Group& group, const EPConfig& base, const ref::GenParam
     } catch (const Error& e) {
       // The bad rank names its problem; every other rank names the bad rank (an unrelated error,
       // e.g. a collective mismatch after a rank left alone, does not count).
-      const std::string want = me == b.bad_rank ? fmt::format("ep dispatch on rank {}/{}", me, w)
-                                                : fmt::format("rank {} passed invalid input", b.bad_rank);
+      const std::string want = me == b.bad_rank
+                                   ? fmt::format("ep dispatch on rank {}/{}", me, w)
+                                   : fmt::format("rank {} passed invalid input", b.bad_rank);
       what = std::string(e.what()).find(want) == std::string::npos
                  ? fmt::format("error does not say '{}': {}", want, e.what())
                  : std::string();
@@ -309,7 +322,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     gp.cfg.dispatch_dtype = dt;
     auto& v = inputs[int(dt)];
     for (int r = 0; r < w; ++r) v.push_back(ref::make_input(gp, r));
-    for (int r = 0; r < w; ++r) token_offset[size_t(r) + 1] = token_offset[size_t(r)] + v[size_t(r)].num_tokens;
+    for (int r = 0; r < w; ++r)
+      token_offset[size_t(r) + 1] = token_offset[size_t(r)] + v[size_t(r)].num_tokens;
   }
 
   std::vector<CaseSpec> cases;
@@ -325,7 +339,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
           cs.align = ea % 2 ? 128 : 1;
           cs.combine = cm;
           // a2a on a group with peer memory: the direct combine and the exchange one.
-          const int variants = algo == EpAlgo::ag ? 8 : (group.peer_memory() != PeerMemory::none ? 2 : 1);
+          const int variants =
+              algo == EpAlgo::ag ? 8 : (group.peer_memory() != PeerMemory::none ? 2 : 1);
           for (int v = 0; v < variants; ++v) {
             if (algo == EpAlgo::ag && prune && (v + base_index) % keep_every != 0) continue;
             cs.rows = v & 1 ? AgRows::cap : AgRows::max;
@@ -339,7 +354,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
         }
   }
 
-  // Extra checks after the cases: invalid input, then (over a shared window) x kept through dispatch.
+  // Extra checks after the cases: invalid input, then (over a shared window) x kept through
+  // dispatch.
   const bool window = group.peer_memory() == PeerMemory::window;
   std::vector<int64_t> case_failed(cases.size() + 1 + window, 0);
   if (window && check_x_survives_dispatch(group) != 0) case_failed[cases.size() + 1] = 1;
@@ -363,7 +379,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
 
     EPBuffer buf(group, cfg);
     if (opts.verbose && me == 0)
-      fmt::print("check ep: case {}/{} {} (resolved {})\n", ci + 1, cases.size(), cs.name(), to_string(buf.algorithm()));
+      fmt::print("check ep: case {}/{} {} (resolved {})\n", ci + 1, cases.size(), cs.name(),
+                 to_string(buf.algorithm()));
     check_layout(c, buf, in, cfg, w);
     // dispatch_input, combine_input: on mpi's direct lowering views of the shared window, which
     // expose then does not copy (x read in place needs every rank's x there: all cases agree).
@@ -378,18 +395,21 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     check_dispatch(c, out, ref::expected_dispatch(all, cfg, w, me), cfg);
     if (cs.in_place)  // the model reads x again after dispatch (its shared experts)
       c.equal_tensor("x after dispatch", x_in, in.as_input(cfg).x.raw(), size_t(x_in.nbytes()));
-    const DispatchOutput cached = buf.dispatch(in.as_input(cfg).x, in.as_input(cfg).scales, out.handle);
+    const DispatchOutput cached =
+        buf.dispatch(in.as_input(cfg).x, in.as_input(cfg).scales, out.handle);
     check_same_dispatch(c, cached, out);
     din.x = {};  // combine_input reuses x's place (EPBuffer throws while x is alive)
     x_in = {};
 
-    const Tensor y = make_y(out, cfg, me, w, opts.seed, token_offset, cs.in_place ? buf.combine_input(out.handle) : Tensor());
+    const Tensor y = make_y(out, cfg, me, w, opts.seed, token_offset,
+                            cs.in_place ? buf.combine_input(out.handle) : Tensor());
     const CombineOutput comb = buf.combine(y, out.handle);
     const ref::ExpectedCombine ec = ref::expected_combine(all, cfg, w, me, opts.seed, token_offset);
     c.equal_tensor("combined weights", comb.topk_weights, ec.weights.data(), ec.weights.size() * 4);
     const uint16_t* got = comb.x.data<uint16_t>();
     const size_t n = size_t(comb.x.numel());
-    const bool unordered_fast = cs.combine == CombineMode::fast && !ordered && buf.algorithm() == EpAlgo::ag;
+    const bool unordered_fast =
+        cs.combine == CombineMode::fast && !ordered && buf.algorithm() == EpAlgo::ag;
     if (n != ec.x.size()) {
       c.fail(fmt::format("combine output has {} elements, expected {}", n, ec.x.size()));
     } else if (!unordered_fast) {
@@ -407,11 +427,13 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     if (cs.combine == CombineMode::exact && cs.expand && n == ec.x.size()) {
       const std::vector<ref::RankInput> one{in};
       EPConfig one_cfg = cfg;
-      const ref::ExpectedCombine e1 = ref::expected_combine(one, one_cfg, 1, 0, opts.seed, {token_offset[size_t(me)]});
+      const ref::ExpectedCombine e1 =
+          ref::expected_combine(one, one_cfg, 1, 0, opts.seed, {token_offset[size_t(me)]});
       c.equal_bytes("exact combine vs W=1", got, n, e1.x.data(), e1.x.size());
     }
     // Same data and semantics under another algorithm / chunking / reduce: same bits.
-    auto [it, first] = combined_by_key.try_emplace(cs.compare_key(), std::vector<uint16_t>(got, got + n));
+    auto [it, first] =
+        combined_by_key.try_emplace(cs.compare_key(), std::vector<uint16_t>(got, got + n));
     if (!first) {
       const bool tolerant = cs.combine == CombineMode::fast && !ordered;
       if (it->second.size() != n) {
@@ -434,7 +456,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
   for (EpAlgo algo : opts.algos) {
     EPConfig cfg = base;
     cfg.algo = algo;
-    invalid_failed += check_invalid_inputs(group, cfg, ref::GenParams{opts.seed, w, cfg}, opts.verbose);
+    invalid_failed +=
+        check_invalid_inputs(group, cfg, ref::GenParams{opts.seed, w, cfg}, opts.verbose);
   }
   case_failed[cases.size()] = invalid_failed ? 1 : 0;
 
@@ -453,7 +476,8 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
     if (case_failed[ci]) {
       ++res.failed;
       ++pa.second;
-      if (me == 0) fmt::print("check ep: FAIL {}\n", ci < cases.size() ? cases[ci].name() : key + " checks");
+      if (me == 0)
+        fmt::print("check ep: FAIL {}\n", ci < cases.size() ? cases[ci].name() : key + " checks");
     } else {
       ++res.passed;
       ++pa.first;
@@ -461,13 +485,18 @@ CheckEpResult run_check_ep(Group& group, const CheckEpOptions& opts) {
   }
   res.fast_ulp_diffs = diffs[0];
   if (me == 0) {
-    fmt::print("check ep: {} on {} W={} E={} H={} K={} M={} ({} cases{})\n", ordered ? "ordered reduce" : "unordered reduce",
-               group.backend(), w, base.num_experts, base.hidden, base.num_topk, base.num_max_tokens_per_rank,
+    fmt::print("check ep: {} on {} W={} E={} H={} K={} M={} ({} cases{})\n",
+               ordered ? "ordered reduce" : "unordered reduce", group.backend(), w,
+               base.num_experts, base.hidden, base.num_topk, base.num_max_tokens_per_rank,
                case_failed.size(), prune ? ", ag variants pruned" : "");
-    for (const auto& [k, v] : per_algo) fmt::print("check ep: {:14s} {} passed, {} failed\n", k, v.first, v.second);
+    for (const auto& [k, v] : per_algo)
+      fmt::print("check ep: {:14s} {} passed, {} failed\n", k, v.first, v.second);
     if (!ordered)
-      fmt::print("check ep: fast combine through the backend's reduce_scatter: {} elements differ from ascending "
-                 "rank order (max {} bf16 ulp)\n", diffs[0], diffs[1]);
+      fmt::print(
+          "check ep: fast combine through the backend's reduce_scatter: {} elements differ from "
+          "ascending "
+          "rank order (max {} bf16 ulp)\n",
+          diffs[0], diffs[1]);
   }
   return res;
 }

@@ -4,6 +4,7 @@
 
 #include <array>
 
+#include "core/check.h"
 #include "core/env.h"
 
 namespace deepinfer {
@@ -66,13 +67,13 @@ void EPConfig::validate(int world) const {
            "EPConfig.num_experts = {} gives {} local experts per rank; at most {} supported",
            num_experts, num_experts / world, kEpMaxLocalExperts);
   DI_CHECK(hidden >= 1, "EPConfig.hidden must be >= 1, got {}", hidden);
-  DI_CHECK(num_topk >= 1 && num_topk <= kEpMaxTopk,
-           "EPConfig.num_topk must be in [1, {}], got {}", kEpMaxTopk, num_topk);
+  DI_CHECK(num_topk >= 1 && num_topk <= kEpMaxTopk, "EPConfig.num_topk must be in [1, {}], got {}",
+           kEpMaxTopk, num_topk);
   DI_CHECK(num_topk <= num_experts,
            "EPConfig.num_topk = {} exceeds num_experts = {} (experts in a row must be distinct)",
            num_topk, num_experts);
-  DI_CHECK(num_max_tokens_per_rank >= 0,
-           "EPConfig.num_max_tokens_per_rank must be >= 0, got {}", num_max_tokens_per_rank);
+  DI_CHECK(num_max_tokens_per_rank >= 0, "EPConfig.num_max_tokens_per_rank must be >= 0, got {}",
+           num_max_tokens_per_rank);
   DI_CHECK(int64_t(num_max_tokens_per_rank) * world < (int64_t(1) << 40),
            "EPConfig.num_max_tokens_per_rank = {} × {} ranks is too large", num_max_tokens_per_rank,
            world);
@@ -89,7 +90,8 @@ std::string EPConfig::describe() const {
       "chunk={} peer_memory={}",
       num_experts, hidden, num_topk, num_max_tokens_per_rank,
       dispatch_dtype == DispatchDType::fp8 ? "fp8" : "bf16", expert_alignment, expand ? 1 : 0,
-      to_string(algo), to_string(combine), to_string(ag_rows), to_string(reduce), chunk_bytes, to_string(peer_memory));
+      to_string(algo), to_string(combine), to_string(ag_rows), to_string(reduce), chunk_bytes,
+      to_string(peer_memory));
 }
 
 EpAlgo resolve_ep_algo(EpAlgo requested, const Capabilities& caps) {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "ep/allgather/ag.h"
 #include "ep/alltoall/lowerings.h"
@@ -39,14 +40,16 @@ struct EPBuffer::Impl {
 
   const EPConfig& cfg() const { return c.cfg; }
 
-  ep::PackSource source(const Tensor& x, const Tensor& scales, const Tensor& weights, const Tensor& idx) const {
+  ep::PackSource source(const Tensor& x, const Tensor& scales, const Tensor& weights,
+                        const Tensor& idx) const {
     return {static_cast<const std::byte*>(x.raw()),
-            cfg().dispatch_dtype == DispatchDType::fp8 ? scales.data<float>() : nullptr, weights.data<float>(),
-            idx.data<int64_t>()};
+            cfg().dispatch_dtype == DispatchDType::fp8 ? scales.data<float>() : nullptr,
+            weights.data<float>(), idx.data<int64_t>()};
   }
 
   ep::Path path_of(const HandleData& h, bool cached) const {
-    return ep::choose_path({cfg(), c.world, c.algo, c.group.peer_memory(), c.group.capabilities(), &h.plan, cached});
+    return ep::choose_path(
+        {cfg(), c.world, c.algo, c.group.peer_memory(), c.group.capabilities(), &h.plan, cached});
   }
 
   // The common unpack: received records -> DeepEP's outputs. fill_handle: record the receive
@@ -78,10 +81,12 @@ struct EPBuffer::Impl {
         if (mine) count_raw[size_t(e - lo)] += 1;
       }
     }
-    std::vector<int64_t> count_aligned(static_cast<size_t>(local_experts)), seg_start(static_cast<size_t>(local_experts));
+    std::vector<int64_t> count_aligned(static_cast<size_t>(local_experts)),
+        seg_start(static_cast<size_t>(local_experts));
     int64_t s_total = 0;
     for (int j = 0; j < local_experts; ++j) {
-      count_aligned[size_t(j)] = int64_t(ep::align_up(size_t(count_raw[size_t(j)]), size_t(cfg.expert_alignment)));
+      count_aligned[size_t(j)] =
+          int64_t(ep::align_up(size_t(count_raw[size_t(j)]), size_t(cfg.expert_alignment)));
       seg_start[size_t(j)] = s_total;
       s_total += count_aligned[size_t(j)];
     }
@@ -94,26 +99,27 @@ struct EPBuffer::Impl {
     std::vector<int64_t> expand_slot;
     if (!cfg.expand) {
       out.x = x_out.defined() ? std::move(x_out) : Tensor::empty(xdt, {n, cfg.hidden});  // [N, H]
-      if (fp8) out.scales = Tensor::empty(DType::f32, {n, p});      // [N, P]
-      out.topk_idx = Tensor::empty(DType::i64, {n, k});             // [N, K]
-      out.topk_weights = Tensor::empty(DType::f32, {n, k});         // [N, K]
-      out.src = Tensor::empty(DType::i64, {n});                     // [N]
+      if (fp8) out.scales = Tensor::empty(DType::f32, {n, p});                           // [N, P]
+      out.topk_idx = Tensor::empty(DType::i64, {n, k});                                  // [N, K]
+      out.topk_weights = Tensor::empty(DType::f32, {n, k});                              // [N, K]
+      out.src = Tensor::empty(DType::i64, {n});                                          // [N]
       auto* ox = static_cast<std::byte*>(out.x.raw());
       for (int64_t i = 0; i < n; ++i) {
         const RowRef& r = rows[size_t(i)];
         if (r.x != ox + size_t(i) * x_bytes) std::memcpy(ox + size_t(i) * x_bytes, r.x, x_bytes);
         if (fp8) std::memcpy(out.scales.data<float>() + i * p, r.scales, scale_bytes);
-        for (int j = 0; j < k; ++j) out.topk_idx.data<int64_t>()[i * k + j] = local_idx[size_t(i * k + j)];
+        for (int j = 0; j < k; ++j)
+          out.topk_idx.data<int64_t>()[i * k + j] = local_idx[size_t(i * k + j)];
         out.src.data<int64_t>()[i] = int64_t(r.src_rank) * m + r.src_token;
       }
       if (n) std::memcpy(out.topk_weights.raw(), weights.data(), weights.size() * 4);
     } else {
-      out.x = Tensor::zeros(xdt, {s_total, cfg.hidden});                // [S, H]
-      if (fp8) out.scales = Tensor::zeros(DType::f32, {s_total, p});   // [S, P]
-      out.topk_idx = Tensor::empty(DType::i64, {s_total});             // [S]
-      out.topk_weights = Tensor::zeros(DType::f32, {s_total});         // [S]
-      out.src = Tensor::empty(DType::i64, {s_total});                  // [S]
-      out.expand_row = Tensor::empty(DType::i64, {s_total});           // [S]
+      out.x = Tensor::zeros(xdt, {s_total, cfg.hidden});              // [S, H]
+      if (fp8) out.scales = Tensor::zeros(DType::f32, {s_total, p});  // [S, P]
+      out.topk_idx = Tensor::empty(DType::i64, {s_total});            // [S]
+      out.topk_weights = Tensor::zeros(DType::f32, {s_total});        // [S]
+      out.src = Tensor::empty(DType::i64, {s_total});                 // [S]
+      out.expand_row = Tensor::empty(DType::i64, {s_total});          // [S]
       std::fill_n(out.topk_idx.data<int64_t>(), s_total, -1);
       std::fill_n(out.src.data<int64_t>(), s_total, -1);
       std::fill_n(out.expand_row.data<int64_t>(), s_total, -1);
@@ -153,10 +159,11 @@ struct EPBuffer::Impl {
       h_fill->num_expanded = s_total;
       h_fill->expand_slot = std::move(expand_slot);
     } else {
-      DI_CHECK(n == h.num_recv && s_total == h.num_expanded,
-               "ep cached dispatch: received {} rows ({} expanded), the handle expects {} ({}); the "
-               "handle belongs to a different dispatch",
-               n, s_total, h.num_recv, h.num_expanded);
+      DI_CHECK(
+          n == h.num_recv && s_total == h.num_expanded,
+          "ep cached dispatch: received {} rows ({} expanded), the handle expects {} ({}); the "
+          "handle belongs to a different dispatch",
+          n, s_total, h.num_recv, h.num_expanded);
     }
     return out;
   }
@@ -174,8 +181,10 @@ struct EPBuffer::Impl {
   void stop_if_invalid(const std::string& err, int bad_rank, const char* op) const {
     if (!err.empty()) DI_FAIL("ep {} on rank {}/{}: {}", op, c.rank, c.world, err);
     if (bad_rank >= 0)
-      DI_FAIL("ep {}: rank {} passed invalid input (its error names the problem); rank {} stops too, "
-              "no data was moved", op, bad_rank, c.rank);
+      DI_FAIL(
+          "ep {}: rank {} passed invalid input (its error names the problem); rank {} stops too, "
+          "no data was moved",
+          op, bad_rank, c.rank);
   }
 
   DispatchOutput dispatch(const DispatchInput& in) {
@@ -201,23 +210,26 @@ struct EPBuffer::Impl {
       std::vector<int64_t> counts(static_cast<size_t>(c.world));
       for (int r = 0; r < c.world; ++r)
         counts[size_t(r)] = h->send_offsets[size_t(r) + 1] - h->send_offsets[size_t(r)];
-      // x was built in the group's expose staging place (dispatch_input): exposing it copies nothing.
-      const bool x_in_place = err.empty() && c.group.peer_memory() == PeerMemory::window &&
-                              (in.x.nbytes() == 0 || in.x.raw() == c.group.expose_staging(in.x.nbytes()));
+      // x was built in the group's expose staging place (dispatch_input): exposing it copies
+      // nothing.
+      const bool x_in_place =
+          err.empty() && c.group.peer_memory() == PeerMemory::window &&
+          (in.x.nbytes() == 0 || in.x.raw() == c.group.expose_staging(in.x.nbytes()));
       h->plan = ep::a2a::make_plan(c.group, counts, err.empty(), x_in_place);
       stop_if_invalid(err, h->plan.first_invalid_rank, "dispatch");
     }
     h->path = path_of(*h, false);
     c.stats.collectives += 1;  // the agreement all_reduce (ag) or the plan all_gather (a2a)
-    DispatchOutput out = exchange_and_unpack(*h, h->path, source(in.x, in.scales, h->topk_weights, h->topk_idx), h.get());
+    DispatchOutput out = exchange_and_unpack(
+        *h, h->path, source(in.x, in.scales, h->topk_weights, h->topk_idx), h.get());
     out.handle.data = std::move(h);
     return out;
   }
 
   // Both dispatches after the routing is known (h): move the rows by the path's lowering, then
   // unpack. h_fill: the uncached dispatch records the receive side there.
-  DispatchOutput exchange_and_unpack(const HandleData& h, const ep::Path& path, const ep::PackSource& src,
-                                     HandleData* h_fill) {
+  DispatchOutput exchange_and_unpack(const HandleData& h, const ep::Path& path,
+                                     const ep::PackSource& src, HandleData* h_fill) {
     std::vector<RowRef> rows;
     switch (path.dispatch) {
       case ep::DispatchPath::ag:
@@ -234,7 +246,8 @@ struct EPBuffer::Impl {
         return out;
       }
       case ep::DispatchPath::exchange:
-      case ep::DispatchPath::exchange_rows: break;
+      case ep::DispatchPath::exchange_rows:
+        break;
     }
     Tensor x_out = ep::a2a::dispatch_exchange(c, exchange_dispatch, h, path, src, rows);
     return unpack(rows, h_fill, h, std::move(x_out));
@@ -244,8 +257,9 @@ struct EPBuffer::Impl {
     DI_CHECK(handle.valid(), "ep {}: the handle is empty; pass the handle of a dispatch", op);
     const HandleData& h = *handle.data;
     DI_CHECK(h.world == c.world && h.rank == c.rank && h.algo == c.algo,
-             "ep {}: the handle comes from another EPBuffer (rank {}/{} algo {}, this is rank {}/{} algo {})", op,
-             h.rank, h.world, to_string(h.algo), c.rank, c.world, to_string(c.algo));
+             "ep {}: the handle comes from another EPBuffer (rank {}/{} algo {}, this is rank "
+             "{}/{} algo {})",
+             op, h.rank, h.world, to_string(h.algo), c.rank, c.world, to_string(c.algo));
   }
 
   DispatchOutput dispatch_cached(const Tensor& x, const Tensor& scales, const Handle& handle) {
@@ -255,24 +269,24 @@ struct EPBuffer::Impl {
     const HandleData& h = *handle.data;
     const std::string err = ep::check_x(x, scales, h.num_tokens, cfg());
     if (!err.empty()) DI_FAIL("ep cached dispatch on rank {}/{}: {}", c.rank, c.world, err);
-    DispatchOutput out =
-        exchange_and_unpack(h, path_of(h, true), source(x, scales, h.topk_weights, h.topk_idx), nullptr);
+    DispatchOutput out = exchange_and_unpack(
+        h, path_of(h, true), source(x, scales, h.topk_weights, h.topk_idx), nullptr);
     out.handle = handle;
     return out;
   }
 
   Tensor dispatch_input(int64_t num_tokens) {
     DI_CHECK(num_tokens >= 0 && num_tokens <= cfg().num_max_tokens_per_rank,
-             "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{}", c.rank, c.world, num_tokens,
-             cfg().num_max_tokens_per_rank);
+             "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{}", c.rank, c.world,
+             num_tokens, cfg().num_max_tokens_per_rank);
     places.check_free(c, X::x, "dispatch_input");
     places.check_free(c, X::y, "dispatch_input");
     const DType dt = c.x_dtype();
     // Room for every region the pull exposes (the send list at most T·W ids), so that expose
     // never grows the window under x, which the caller may still read after dispatch.
     const size_t t = size_t(num_tokens), k = size_t(cfg().num_topk);
-    const size_t room = t * c.sizes.ag_record.x_bytes + t * c.sizes.ag_record.scale_bytes + t * k * 12 +
-                        t * size_t(c.world) * 8 + 5 * 64;
+    const size_t room = t * c.sizes.ag_record.x_bytes + t * c.sizes.ag_record.scale_bytes +
+                        t * k * 12 + t * size_t(c.world) * 8 + 5 * 64;
     std::byte* at = nullptr;
     if (c.algo == EpAlgo::a2a && c.group.peer_memory() == PeerMemory::window && t != 0)
       at = c.group.expose_staging(room);
@@ -287,8 +301,10 @@ struct EPBuffer::Impl {
     const int64_t rows = cfg().expand ? h.num_expanded : h.num_recv;
     // Combine exposes y as its first region (then the expand slots): built in the staging place,
     // with room for both, it is not copied and the window does not grow under it.
-    const size_t room = size_t(rows) * size_t(cfg().hidden) * 2 + (cfg().expand ? h.expand_slot.size() * 8 : 0) + 2 * 64;
-    std::byte* at = h.path.combine == ep::CombinePath::direct ? c.group.expose_staging(room) : nullptr;
+    const size_t room = size_t(rows) * size_t(cfg().hidden) * 2 +
+                        (cfg().expand ? h.expand_slot.size() * 8 : 0) + 2 * 64;
+    std::byte* at =
+        h.path.combine == ep::CombinePath::direct ? c.group.expose_staging(room) : nullptr;
     return places.hand_out(c, X::y, at, DType::bf16, rows);
   }
 
@@ -298,24 +314,32 @@ struct EPBuffer::Impl {
     places.check_free(c, X::x, "combine");
     const HandleData& h = *handle.data;
     const int64_t rows = cfg().expand ? h.num_expanded : h.num_recv;
-    DI_CHECK((y.defined() || (y.ndim() == 2 && y.numel() == 0)) && y.dtype() == DType::bf16 && y.ndim() == 2 &&
-                 y.dim(0) == rows && y.dim(1) == cfg().hidden && y.is_contiguous(),
-             "ep combine on rank {}/{}: y must be a contiguous bf16 [{}={}, H={}] tensor, got {}", c.rank, c.world,
-             cfg().expand ? "S" : "N", rows, cfg().hidden, y.defined() ? y.describe() : "undefined");
+    DI_CHECK((y.defined() || (y.ndim() == 2 && y.numel() == 0)) && y.dtype() == DType::bf16 &&
+                 y.ndim() == 2 && y.dim(0) == rows && y.dim(1) == cfg().hidden && y.is_contiguous(),
+             "ep combine on rank {}/{}: y must be a contiguous bf16 [{}={}, H={}] tensor, got {}",
+             c.rank, c.world, cfg().expand ? "S" : "N", rows, cfg().hidden,
+             y.defined() ? y.describe() : "undefined");
     CombineOutput out;
-    out.x = Tensor::empty(DType::bf16, {h.num_tokens, cfg().hidden});               // [T, H]
+    out.x = Tensor::empty(DType::bf16, {h.num_tokens, cfg().hidden});              // [T, H]
     out.topk_weights = Tensor::zeros(DType::f32, {h.num_tokens, cfg().num_topk});  // [T, K]
     const uint16_t* yp = y.data<uint16_t>();
     switch (h.path.combine) {
-      case ep::CombinePath::ag: ep::ag::combine(c, ag_combine, h, yp, out); break;
-      case ep::CombinePath::exchange: ep::a2a::combine_exchange(c, exchange_combine, h, yp, out); break;
-      case ep::CombinePath::direct: ep::a2a::combine_direct(c, direct_combine, h, yp, out); break;
+      case ep::CombinePath::ag:
+        ep::ag::combine(c, ag_combine, h, yp, out);
+        break;
+      case ep::CombinePath::exchange:
+        ep::a2a::combine_exchange(c, exchange_combine, h, yp, out);
+        break;
+      case ep::CombinePath::direct:
+        ep::a2a::combine_direct(c, direct_combine, h, yp, out);
+        break;
     }
     return out;
   }
 };
 
-EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_unique<Impl>(group, config)) {
+EPBuffer::EPBuffer(Group& group, const EPConfig& config)
+    : impl_(std::make_unique<Impl>(group, config)) {
   ep::Context& s = impl_->c;
   s.world = group.size();
   s.rank = group.rank();
@@ -329,7 +353,8 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
   if (err.empty()) {
     s.local_experts = config.num_experts / s.world;
     s.owner.resize(size_t(config.num_experts));
-    for (int64_t e = 0; e < config.num_experts; ++e) s.owner[size_t(e)] = int32_t(e / s.local_experts);
+    for (int64_t e = 0; e < config.num_experts; ++e)
+      s.owner[size_t(e)] = int32_t(e / s.local_experts);
     s.algo = resolve_ep_algo(config.algo, group.capabilities());
     s.sizes = ep::ep_size_hint(config, s.world);
   }
@@ -355,15 +380,18 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config) : impl_(std::make_uniqu
   }
   group.all_reduce(v.data(), v.size(), DType::i64, ReduceOp::max);
   if (!err.empty()) DI_FAIL("EPBuffer on rank {}/{}: {}", s.rank, s.world, err);
-  if (v[0] != 0) DI_FAIL("EPBuffer on rank {}/{}: another rank's EPConfig is invalid (see its error)", s.rank, s.world);
+  if (v[0] != 0)
+    DI_FAIL("EPBuffer on rank {}/{}: another rank's EPConfig is invalid (see its error)", s.rank,
+            s.world);
   for (size_t i = 1; i < fields.size(); ++i)
     if (v[2 * i] != -v[2 * i + 1])
-      DI_FAIL("EPBuffer on rank {}/{}: EPConfig.{} differs across ranks (min {}, max {}); every rank "
-              "must construct the EPBuffer with the same value",
-              s.rank, s.world, fields[i].first, -v[2 * i + 1], v[2 * i]);
+      DI_FAIL(
+          "EPBuffer on rank {}/{}: EPConfig.{} differs across ranks (min {}, max {}); every rank "
+          "must construct the EPBuffer with the same value",
+          s.rank, s.world, fields[i].first, -v[2 * i + 1], v[2 * i]);
   if (s.rank == 0)
-    log_debug("ep: EPBuffer W={} {} -> algorithm {} on {}", s.world, config.describe(), to_string(s.algo),
-              group.backend());
+    log_debug("ep: EPBuffer W={} {} -> algorithm {} on {}", s.world, config.describe(),
+              to_string(s.algo), group.backend());
   if (config.algo == EpAlgo::automatic)
     s.log_once(fmt::format("auto -> {} (W={}, all_to_all_v {})", to_string(s.algo), s.world,
                            group.capabilities().all_to_all_v ? "trusted" : "not trusted"));
@@ -375,7 +403,9 @@ DispatchOutput EPBuffer::dispatch(const DispatchInput& in) { return impl_->dispa
 DispatchOutput EPBuffer::dispatch(const Tensor& x, const Tensor& scales, const Handle& handle) {
   return impl_->dispatch_cached(x, scales, handle);
 }
-CombineOutput EPBuffer::combine(const Tensor& y, const Handle& handle) { return impl_->combine(y, handle); }
+CombineOutput EPBuffer::combine(const Tensor& y, const Handle& handle) {
+  return impl_->combine(y, handle);
+}
 Tensor EPBuffer::combine_input(const Handle& handle) { return impl_->combine_input(handle); }
 Tensor EPBuffer::dispatch_input(int64_t num_tokens) { return impl_->dispatch_input(num_tokens); }
 const EPConfig& EPBuffer::config() const { return impl_->c.cfg; }

@@ -19,15 +19,15 @@ struct HandleData {
   Tensor topk_weights;     // [T, K] f32 (copy)
 
   // Receive side, rows in (source rank, source token) order.
-  int64_t num_recv = 0;                         // N
-  std::vector<int32_t> recv_src_rank;           // [N]
-  std::vector<int32_t> recv_src_token;          // [N]
-  std::vector<int64_t> num_recv_per_rank;       // [W]
-  std::vector<int32_t> recv_local_idx;          // [N, K] local expert or -1
-  std::vector<float> recv_weights;              // [N, K] source weights
+  int64_t num_recv = 0;                                      // N
+  std::vector<int32_t> recv_src_rank;                        // [N]
+  std::vector<int32_t> recv_src_token;                       // [N]
+  std::vector<int64_t> num_recv_per_rank;                    // [W]
+  std::vector<int32_t> recv_local_idx;                       // [N, K] local expert or -1
+  std::vector<float> recv_weights;                           // [N, K] source weights
   std::vector<int64_t> count_raw, count_aligned, seg_start;  // [L]
-  int64_t num_expanded = 0;                     // S
-  std::vector<int64_t> expand_slot;             // [N, K] expanded row of (row, k), -1 (expand only)
+  int64_t num_expanded = 0;                                  // S
+  std::vector<int64_t> expand_slot;  // [N, K] expanded row of (row, k), -1 (expand only)
 
   // Send side: this rank's tokens grouped by destination rank, ascending within each.
   std::vector<int64_t> send_offsets;  // [W + 1]

@@ -1,5 +1,7 @@
 #include "ep/input_places.h"
 
+#include "core/check.h"
+
 namespace deepinfer::ep {
 
 void InputPlaces::check_free(const Context& c, Kind kind, const char* op) const {

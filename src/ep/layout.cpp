@@ -1,8 +1,8 @@
 // layout() and the local input checks.
 #include <deepinfer/ep.h>
-
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "ep/validate.h"
 
 namespace deepinfer::ep {
@@ -36,27 +36,32 @@ std::string check_topk_idx(const Tensor& topk_idx, const EPConfig& cfg) {
     const int64_t* row = idx + t * k;
     for (int j = 0; j < k; ++j) {
       if (row[j] < -1 || row[j] >= cfg.num_experts)
-        return fmt::format("topk_idx[{}, {}] = {} is out of range; expert ids are -1 (masked) or in [0, {})",
-                           t, j, row[j], cfg.num_experts);
+        return fmt::format(
+            "topk_idx[{}, {}] = {} is out of range; expert ids are -1 (masked) or in [0, {})", t, j,
+            row[j], cfg.num_experts);
       if (row[j] < 0) continue;
       for (int i = 0; i < j; ++i)
         if (row[i] == row[j])
-          return fmt::format("topk_idx row {} repeats expert {} (slots {} and {}); experts in a row must be distinct",
-                             t, row[j], i, j);
+          return fmt::format(
+              "topk_idx row {} repeats expert {} (slots {} and {}); experts in a row must be "
+              "distinct",
+              t, row[j], i, j);
     }
   }
   return {};
 }
 
-std::string check_x(const Tensor& x, const Tensor& scales, int64_t num_tokens, const EPConfig& cfg) {
+std::string check_x(const Tensor& x, const Tensor& scales, int64_t num_tokens,
+                    const EPConfig& cfg) {
   const bool fp8 = cfg.dispatch_dtype == DispatchDType::fp8;
   const DType xdt = fp8 ? DType::e4m3 : DType::bf16;
   if (!is_2d(x, xdt, num_tokens, cfg.hidden))
     return fmt::format("x must be a contiguous {} [T={}, H={}] tensor, got {}", dtype_name(xdt),
                        num_tokens, cfg.hidden, shape_str(x));
   if (fp8 && !is_2d(scales, DType::f32, num_tokens, cfg.scale_cols()))
-    return fmt::format("fp8 dispatch needs scales as a contiguous f32 [T={}, ceil(H/128)={}] tensor, got {}",
-                       num_tokens, cfg.scale_cols(), shape_str(scales));
+    return fmt::format(
+        "fp8 dispatch needs scales as a contiguous f32 [T={}, ceil(H/128)={}] tensor, got {}",
+        num_tokens, cfg.scale_cols(), shape_str(scales));
   if (!fp8 && present(scales))
     return "scales were given but the EPConfig dispatch dtype is bf16; pass no scales or set fp8";
   return {};

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace deepinfer::ep {
 
 std::string_view to_string(DispatchPath p) {

@@ -41,8 +41,10 @@ RankInput make_input(const GenParams& p, int rank) {
   Rng rng{mix(p.seed * 1000003ull + uint64_t(rank) * 7919ull + 17)};
   RankInput in;
   // Every third rank (when there are several) has no tokens; the others between M/2 and M.
-  if (p.world > 1 && rank % 3 == 1) in.num_tokens = 0;
-  else in.num_tokens = m - rng.below(m / 2 + 1);
+  if (p.world > 1 && rank % 3 == 1)
+    in.num_tokens = 0;
+  else
+    in.num_tokens = m - rng.below(m / 2 + 1);
   const int64_t t_count = in.num_tokens;
   in.x.resize(size_t(t_count) * size_t(cfg.hidden) * x_elem(cfg));
   for (auto& b : in.x) b = uint8_t(rng.next());
@@ -71,7 +73,8 @@ RankInput make_input(const GenParams& p, int rank) {
 }
 
 uint16_t y_value(uint64_t seed, int64_t gtok, int64_t key, int h) {
-  const uint64_t r = mix(mix(seed ^ 0x5eed) ^ mix(uint64_t(gtok) * 131071ull + uint64_t(key) * 8191ull + uint64_t(h)));
+  const uint64_t r = mix(mix(seed ^ 0x5eed) ^
+                         mix(uint64_t(gtok) * 131071ull + uint64_t(key) * 8191ull + uint64_t(h)));
   if (r % 16 == 0) return 0x8000;  // -0
   if (r % 16 == 1) return 0;
   const float mant = 1.0f + float((r >> 8) & 0xffff) / 65536.0f;
@@ -88,7 +91,10 @@ ExpectedDispatch expected_dispatch(const std::vector<RankInput>& all, const EPCo
   ExpectedDispatch ex;
   ex.per_rank.assign(size_t(world), 0);
   ex.count_raw.assign(size_t(l), 0);
-  struct Row { int src; int64_t t; };
+  struct Row {
+    int src;
+    int64_t t;
+  };
   std::vector<Row> rows;
   for (int src = 0; src < world; ++src) {
     const RankInput& in = all[size_t(src)];
@@ -113,8 +119,10 @@ ExpectedDispatch expected_dispatch(const std::vector<RankInput>& all, const EPCo
   if (!cfg.expand) {
     for (const Row& r : rows) {
       const RankInput& in = all[size_t(r.src)];
-      ex.x.insert(ex.x.end(), in.x.begin() + int64_t(size_t(r.t) * xb), in.x.begin() + int64_t(size_t(r.t + 1) * xb));
-      ex.scales.insert(ex.scales.end(), in.scales.begin() + r.t * p, in.scales.begin() + (r.t + 1) * p);
+      ex.x.insert(ex.x.end(), in.x.begin() + int64_t(size_t(r.t) * xb),
+                  in.x.begin() + int64_t(size_t(r.t + 1) * xb));
+      ex.scales.insert(ex.scales.end(), in.scales.begin() + r.t * p,
+                       in.scales.begin() + (r.t + 1) * p);
       for (int64_t j = 0; j < k; ++j) {
         const int64_t e = in.topk_idx[size_t(r.t * k + j)];
         ex.topk_idx.push_back(e >= lo && e < lo + l ? e - lo : -1);
@@ -131,8 +139,10 @@ ExpectedDispatch expected_dispatch(const std::vector<RankInput>& all, const EPCo
       const RankInput& in = all[size_t(r.src)];
       for (int64_t j = 0; j < k; ++j) {
         if (in.topk_idx[size_t(r.t * k + j)] != lo + le) continue;
-        ex.x.insert(ex.x.end(), in.x.begin() + int64_t(size_t(r.t) * xb), in.x.begin() + int64_t(size_t(r.t + 1) * xb));
-        ex.scales.insert(ex.scales.end(), in.scales.begin() + r.t * p, in.scales.begin() + (r.t + 1) * p);
+        ex.x.insert(ex.x.end(), in.x.begin() + int64_t(size_t(r.t) * xb),
+                    in.x.begin() + int64_t(size_t(r.t + 1) * xb));
+        ex.scales.insert(ex.scales.end(), in.scales.begin() + r.t * p,
+                         in.scales.begin() + (r.t + 1) * p);
         ex.topk_idx.push_back(le);
         ex.weights.push_back(in.weights[size_t(r.t * k + j)]);
         ex.src.push_back(int64_t(r.src) * m + r.t);

@@ -20,10 +20,10 @@ struct GenParams {
 // One rank's dispatch input as plain vectors.
 struct RankInput {
   int64_t num_tokens = 0;
-  std::vector<uint8_t> x;        // [T, H·elem] bytes (bf16 or e4m3)
-  std::vector<float> scales;     // [T, P] (fp8)
-  std::vector<int64_t> topk_idx; // [T, K]
-  std::vector<float> weights;    // [T, K]
+  std::vector<uint8_t> x;                       // [T, H·elem] bytes (bf16 or e4m3)
+  std::vector<float> scales;                    // [T, P] (fp8)
+  std::vector<int64_t> topk_idx;                // [T, K]
+  std::vector<float> weights;                   // [T, K]
   DispatchInput as_input(const EPConfig& cfg);  // borrows the vectors
 };
 
@@ -35,15 +35,15 @@ RankInput make_input(const GenParams& p, int rank);
 uint16_t y_value(uint64_t seed, int64_t gtok, int64_t key, int h);
 
 struct ExpectedDispatch {
-  int64_t num_recv = 0;  // N
-  std::vector<int64_t> per_rank;                // [W]
+  int64_t num_recv = 0;                           // N
+  std::vector<int64_t> per_rank;                  // [W]
   std::vector<int64_t> count_raw, count_aligned;  // [L]
   // Non-expand rows [N] or expand rows [S]:
-  std::vector<uint8_t> x;        // [rows, H·elem]
-  std::vector<float> scales;     // [rows, P]
-  std::vector<int64_t> topk_idx; // [N, K] or [S]
-  std::vector<float> weights;    // [N, K] or [S]
-  std::vector<int64_t> src;      // [rows]
+  std::vector<uint8_t> x;         // [rows, H·elem]
+  std::vector<float> scales;      // [rows, P]
+  std::vector<int64_t> topk_idx;  // [N, K] or [S]
+  std::vector<float> weights;     // [N, K] or [S]
+  std::vector<int64_t> src;       // [rows]
 };
 ExpectedDispatch expected_dispatch(const std::vector<RankInput>& all, const EPConfig& cfg,
                                    int world, int me);

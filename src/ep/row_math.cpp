@@ -71,15 +71,16 @@ template <int kBlocks>
 [[gnu::always_inline]] inline void load_blocks(EvenOdd* v, const uint16_t* row, size_t c) {
 #pragma GCC unroll 4
   for (int b = 0; b < kBlocks; b += 2)
-    v[b] = load_row64(row, c + 32 * size_t(b)), v[b + 1] = load_bf16x32(row + c + 32 * size_t(b + 1));
+    v[b] = load_row64(row, c + 32 * size_t(b)),
+    v[b + 1] = load_bf16x32(row + c + 32 * size_t(b + 1));
 }
 [[gnu::always_inline]] inline V16u rounded_bits(V16f acc, bool canon) {
   const V16u bits = bf16_bits(acc);
   return canon ? (bits == 0x8000u ? V16u{} : bits) : bits;
 }
 // Stores 32 sums (as even/odd halves) as bf16 bits and/or their f32 values.
-[[gnu::always_inline]] inline void store_sum32(V16f even, V16f odd, bool canon, uint16_t* out_bits, float* out_f32,
-                                               size_t c) {
+[[gnu::always_inline]] inline void store_sum32(V16f even, V16f odd, bool canon, uint16_t* out_bits,
+                                               float* out_f32, size_t c) {
   const V16u e = rounded_bits(even, canon), o = rounded_bits(odd, canon);
   if (out_bits) {
     const V16u pairs = e | (o << 16);
@@ -87,14 +88,17 @@ template <int kBlocks>
   }
   if (out_f32) {
     const V16u fe = e << 16, fo = o << 16;
-    const V16u lo = __builtin_shufflevector(fe, fo, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const V16u hi = __builtin_shufflevector(fe, fo, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const V16u lo =
+        __builtin_shufflevector(fe, fo, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const V16u hi = __builtin_shufflevector(fe, fo, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29,
+                                            14, 30, 15, 31);
     std::memcpy(out_f32 + c, &lo, sizeof(lo));
     std::memcpy(out_f32 + c + 16, &hi, sizeof(hi));
   }
 }
 // Stores 16 sums as bf16 bits and/or their f32 values.
-[[gnu::always_inline]] inline void store_sum(V16f acc, bool canon, uint16_t* out_bits, float* out_f32, size_t c) {
+[[gnu::always_inline]] inline void store_sum(V16f acc, bool canon, uint16_t* out_bits,
+                                             float* out_f32, size_t c) {
   const V16u bits = rounded_bits(acc, canon);
   if (out_bits) {
     const V16h h = __builtin_convertvector(bits, V16h);
@@ -109,8 +113,9 @@ template <int kBlocks>
 // 32·kBlocks columns from c of weighted_sum; eight independent sums (kBlocks = 4) keep both add
 // pipes busy where four wait on the add latency (see sum_of_partials_block).
 template <int kBlocks>
-[[gnu::always_inline]] inline void weighted_sum_block(const float* w, const uint16_t* const* y, int m, size_t c,
-                                                      bool canon, uint16_t* out_bits, float* out_f32) {
+[[gnu::always_inline]] inline void weighted_sum_block(const float* w, const uint16_t* const* y,
+                                                      int m, size_t c, bool canon,
+                                                      uint16_t* out_bits, float* out_f32) {
   V16f e[2 * kBlocks] = {};
   EvenOdd v[kBlocks] = {};
   for (int s = 0; s < m; ++s) {
@@ -124,11 +129,12 @@ template <int kBlocks>
     }
   }
 #pragma GCC unroll 4
-  for (int b = 0; b < kBlocks; ++b) store_sum32(e[2 * b], e[2 * b + 1], canon, out_bits, out_f32, c + 32 * size_t(b));
+  for (int b = 0; b < kBlocks; ++b)
+    store_sum32(e[2 * b], e[2 * b + 1], canon, out_bits, out_f32, c + 32 * size_t(b));
 }
 
-DI_CPU_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n, bool canon,
-                                uint16_t* out_bits, float* out_f32) {
+DI_CPU_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m, size_t n,
+                                bool canon, uint16_t* out_bits, float* out_f32) {
   size_t c = 0;
   for (; c + 128 <= n; c += 128) weighted_sum_block<4>(w, y, m, c, canon, out_bits, out_f32);
   for (; c + 64 <= n; c += 64) weighted_sum_block<2>(w, y, m, c, canon, out_bits, out_f32);
@@ -151,7 +157,8 @@ DI_CPU_CLONES void weighted_sum(const float* w, const uint16_t* const* y, int m,
 struct IntegerRounding {  // as bf16_bits, then the low 16 bits cleared
   [[gnu::always_inline]] static V16f round(V16f p) {
     const V16u x = reinterpret_cast<V16u>(p);
-    const V16u r = (x & 0x7fffffffu) > 0x7f800000u ? (x | 0x400000u) : x + 0x7fffu + ((x >> 16) & 1u);
+    const V16u r =
+        (x & 0x7fffffffu) > 0x7f800000u ? (x | 0x400000u) : x + 0x7fffu + ((x >> 16) & 1u);
     return reinterpret_cast<V16f>(r & 0xffff0000u);
   }
   [[gnu::always_inline]] static void round4(V16f& a, V16f& b, V16f& c, V16f& d) {
@@ -170,7 +177,8 @@ struct Bf16InstructionRounding {
   DI_BF16_TARGET static V16f round(V16f p) {
     const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(reinterpret_cast<__m512>(p)));
     // The maskz forms: GCC 12 warns on the plain ones' undefined pass-through operand.
-    return reinterpret_cast<V16f>(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
+    return reinterpret_cast<V16f>(
+        _mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
   }
   DI_BF16_TARGET static void round4(V16f& a, V16f& b, V16f& c, V16f& d) {
     const __mmask16 any = _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(a), kDenormal) |
@@ -184,12 +192,15 @@ struct Bf16InstructionRounding {
   // 5 instructions against 12 for the integer rounding's pack.
   DI_BF16_TARGET static void store32(V16f even, V16f odd, uint16_t* out) {
     if (__builtin_expect((_mm512_fpclass_ps_mask(reinterpret_cast<__m512>(even), kDenormal) |
-                          _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(odd), kDenormal)) != 0, 0))
+                          _mm512_fpclass_ps_mask(reinterpret_cast<__m512>(odd), kDenormal)) != 0,
+                         0))
       return IntegerRounding::store32(even, odd, out);
     // Words 0..15 are the even columns' bf16, 16..31 the odd ones'; column 2i is even i.
-    const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(reinterpret_cast<__m512>(odd), reinterpret_cast<__m512>(even)));
-    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                                           20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i h = reinterpret_cast<__m512i>(
+        _mm512_cvtne2ps_pbh(reinterpret_cast<__m512>(odd), reinterpret_cast<__m512>(even)));
+    const __m512i order =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     _mm512_storeu_si512(out, _mm512_permutexvar_epi16(order, h));
   }
 };
@@ -203,7 +214,8 @@ template <class Rounding, int kBlocks>
 [[gnu::always_inline]] inline void sum_of_partials_block(const float* w, const uint16_t* const* y,
                                                          const int* group_end, int groups, size_t c,
                                                          uint16_t* out_bits) {
-  static_assert(kBlocks % 2 == 0, "partials are rounded four vectors at a time, rows loaded 64 columns");
+  static_assert(kBlocks % 2 == 0,
+                "partials are rounded four vectors at a time, rows loaded 64 columns");
   V16f e[2 * kBlocks] = {};
   EvenOdd v[kBlocks] = {};
   for (int g = 0, s = 0; g < groups; ++g) {
@@ -222,15 +234,19 @@ template <class Rounding, int kBlocks>
     for (int i = 0; i < 2 * kBlocks; ++i) e[i] += p[i];
   }
 #pragma GCC unroll 4
-  for (int b = 0; b < kBlocks; ++b) Rounding::store32(e[2 * b], e[2 * b + 1], out_bits + c + 32 * size_t(b));
+  for (int b = 0; b < kBlocks; ++b)
+    Rounding::store32(e[2 * b], e[2 * b + 1], out_bits + c + 32 * size_t(b));
 }
 
 template <class Rounding>
-[[gnu::always_inline]] inline void sum_of_partials_loop(const float* w, const uint16_t* const* y, const int* group_end,
-                                                        int groups, size_t n, uint16_t* out_bits) {
+[[gnu::always_inline]] inline void sum_of_partials_loop(const float* w, const uint16_t* const* y,
+                                                        const int* group_end, int groups, size_t n,
+                                                        uint16_t* out_bits) {
   size_t c = 0;
-  for (; c + 128 <= n; c += 128) sum_of_partials_block<Rounding, 4>(w, y, group_end, groups, c, out_bits);
-  for (; c + 64 <= n; c += 64) sum_of_partials_block<Rounding, 2>(w, y, group_end, groups, c, out_bits);
+  for (; c + 128 <= n; c += 128)
+    sum_of_partials_block<Rounding, 4>(w, y, group_end, groups, c, out_bits);
+  for (; c + 64 <= n; c += 64)
+    sum_of_partials_block<Rounding, 2>(w, y, group_end, groups, c, out_bits);
   for (; c + 16 <= n; c += 16) {
     V16f acc = {};
     for (int g = 0, s = 0; g < groups; ++g) {
@@ -252,15 +268,17 @@ template <class Rounding>
 }
 
 namespace {
-DI_CPU_CLONES void sum_of_partials_portable(const float* w, const uint16_t* const* y, const int* group_end, int groups,
-                                            size_t n, uint16_t* out_bits) {
+DI_CPU_CLONES void sum_of_partials_portable(const float* w, const uint16_t* const* y,
+                                            const int* group_end, int groups, size_t n,
+                                            uint16_t* out_bits) {
   sum_of_partials_loop<IntegerRounding>(w, y, group_end, groups, n, out_bits);
 }
 #ifdef DI_BF16_TARGET
 // flatten: Bf16InstructionRounding inlines here, where its instructions are allowed.
-DI_BF16_TARGET [[gnu::flatten]] void sum_of_partials_avx512bf16(const float* w, const uint16_t* const* y,
-                                                                const int* group_end, int groups, size_t n,
-                                                                uint16_t* out_bits) {
+DI_BF16_TARGET [[gnu::flatten]] void sum_of_partials_avx512bf16(const float* w,
+                                                                const uint16_t* const* y,
+                                                                const int* group_end, int groups,
+                                                                size_t n, uint16_t* out_bits) {
   sum_of_partials_loop<Bf16InstructionRounding>(w, y, group_end, groups, n, out_bits);
 }
 #endif
@@ -269,14 +287,14 @@ DI_BF16_TARGET [[gnu::flatten]] void sum_of_partials_avx512bf16(const float* w, 
 std::vector<SumOfPartialsVersion> sum_of_partials_versions() {
   std::vector<SumOfPartialsVersion> v{{"portable", sum_of_partials_portable}};
 #ifdef DI_BF16_TARGET
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512bf16"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16"))
     v.push_back({"avx512bf16", sum_of_partials_avx512bf16});
 #endif
   return v;
 }
-void sum_of_partials(const float* w, const uint16_t* const* y, const int* group_end, int groups, size_t n,
-                     uint16_t* out_bits) {
+void sum_of_partials(const float* w, const uint16_t* const* y, const int* group_end, int groups,
+                     size_t n, uint16_t* out_bits) {
   static const SumOfPartialsFn best = sum_of_partials_versions().back().fn;
   best(w, y, group_end, groups, n, out_bits);
 }

@@ -20,7 +20,7 @@ struct RecordLayout {
   size_t x_bytes = 0;      // H · sizeof(x elem), in the record or apart
   size_t scale_bytes = 0;  // P · 4
   size_t off_scales = 0, off_weights = 0, off_idx = 0, off_token = 0;
-  size_t bytes = 0;        // total, multiple of kRecordAlign
+  size_t bytes = 0;  // total, multiple of kRecordAlign
 };
 RecordLayout record_layout(const EPConfig& cfg, bool with_token);
 // [scales | weights | idx | token]: the a2a record when x rows are sent apart.
@@ -32,11 +32,11 @@ size_t ag_combine_cols(const EPConfig& cfg);
 
 struct EpSizes {
   RecordLayout ag_record, a2a_record, a2a_meta;
-  size_t ag_send_bytes = 0;   // M records
-  size_t ag_recv_bytes = 0;   // W · M records
-  size_t a2a_send_bytes = 0;  // worst case: every token to min(W, K) ranks
-  size_t a2a_recv_bytes = 0;  // W · M records (each source sends a token at most once)
-  size_t combine_chunk_rows = 0;  // ag combine rows per rank per chunk (>= 1)
+  size_t ag_send_bytes = 0;         // M records
+  size_t ag_recv_bytes = 0;         // W · M records
+  size_t a2a_send_bytes = 0;        // worst case: every token to min(W, K) ranks
+  size_t a2a_recv_bytes = 0;        // W · M records (each source sends a token at most once)
+  size_t combine_chunk_rows = 0;    // ag combine rows per rank per chunk (>= 1)
   size_t combine_chunk_floats = 0;  // W · chunk_rows · cols
 };
 // The single sizing function (a size hint): the bounds EPBuffer's reusable buffers grow towards

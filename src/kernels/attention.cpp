@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels {
 
 void MlaPrefillParams::validate() const {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/check.h"
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels {

@@ -1,6 +1,8 @@
 // Dispatchers and argument checks for the GEMMs.
 #include "kernels/gemm.h"
 
+#include "core/check.h"
+
 namespace deepinfer::kernels {
 
 namespace {
@@ -25,12 +27,14 @@ void validate(const GemmFp8GroupedContiguousParams& p) {
   DI_CHECK(p.num_experts >= 0, "gemm_fp8_grouped_contiguous: num_experts = {}", p.num_experts);
   DI_CHECK(p.out != nullptr || p.m * p.n == 0, "gemm_fp8_grouped_contiguous: `out` is null");
   if (p.m == 0) return;
-  DI_CHECK(p.a && p.a_scales && p.m_indices, "gemm_fp8_grouped_contiguous: a/a_scales/m_indices null");
+  DI_CHECK(p.a && p.a_scales && p.m_indices,
+           "gemm_fp8_grouped_contiguous: a/a_scales/m_indices null");
   DI_CHECK(p.w && p.w_scales, "gemm_fp8_grouped_contiguous: `w` or `w_scales` is null");
   for (int64_t r = 0; r < p.m; ++r) {
     const int32_t e = p.m_indices[r];
     DI_CHECK(e >= -1 && e < p.num_experts,
-             "gemm_fp8_grouped_contiguous: m_indices[{}] = {} is outside [-1, {}) (use -1 for padding rows)",
+             "gemm_fp8_grouped_contiguous: m_indices[{}] = {} is outside [-1, {}) (use -1 for "
+             "padding rows)",
              r, e, p.num_experts);
   }
 }
@@ -44,9 +48,12 @@ void validate(const GemmFp8GroupedMaskedParams& p) {
   DI_CHECK(p.masked_m, "gemm_fp8_grouped_masked: `masked_m` is null");
   for (int64_t e = 0; e < p.num_experts; ++e)
     DI_CHECK(p.masked_m[e] >= 0 && p.masked_m[e] <= p.max_m,
-             "gemm_fp8_grouped_masked: masked_m[{}] = {} is outside [0, max_m = {}]", e, p.masked_m[e], p.max_m);
-  if (rows * p.k != 0) DI_CHECK(p.a && p.a_scales, "gemm_fp8_grouped_masked: `a` or `a_scales` is null");
-  if (p.n * p.k != 0) DI_CHECK(p.w && p.w_scales, "gemm_fp8_grouped_masked: `w` or `w_scales` is null");
+             "gemm_fp8_grouped_masked: masked_m[{}] = {} is outside [0, max_m = {}]", e,
+             p.masked_m[e], p.max_m);
+  if (rows * p.k != 0)
+    DI_CHECK(p.a && p.a_scales, "gemm_fp8_grouped_masked: `a` or `a_scales` is null");
+  if (p.n * p.k != 0)
+    DI_CHECK(p.w && p.w_scales, "gemm_fp8_grouped_masked: `w` or `w_scales` is null");
 }
 
 void validate(const GemmBf16Params& p) {

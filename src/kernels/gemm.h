@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/check.h"
 #include "kernels/quant.h"
 #include "kernels/registry.h"
 
@@ -45,22 +46,23 @@ size_t decode_layout_bytes(int64_t n, int64_t k);
 void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out);
 
 struct GemmFp8GroupedContiguousParams {
-  const fp8_e4m3* a = nullptr;       // [m, k] rows sorted by expert
-  const float* a_scales = nullptr;   // [m, num_blocks(k)]
-  const fp8_e4m3* w = nullptr;       // [num_experts, n, k]
-  const float* w_scales = nullptr;   // [num_experts, num_blocks(n), num_blocks(k)]
-  const int32_t* m_indices = nullptr;  // [m] expert of each row in [0, num_experts), or −1 (padding)
-  bf16* out = nullptr;               // [m, n]; padding rows zeroed
+  const fp8_e4m3* a = nullptr;      // [m, k] rows sorted by expert
+  const float* a_scales = nullptr;  // [m, num_blocks(k)]
+  const fp8_e4m3* w = nullptr;      // [num_experts, n, k]
+  const float* w_scales = nullptr;  // [num_experts, num_blocks(n), num_blocks(k)]
+  const int32_t* m_indices =
+      nullptr;          // [m] expert of each row in [0, num_experts), or −1 (padding)
+  bf16* out = nullptr;  // [m, n]; padding rows zeroed
   int64_t m = 0, n = 0, k = 0, num_experts = 0;
 };
 
 struct GemmFp8GroupedMaskedParams {
-  const fp8_e4m3* a = nullptr;       // [num_experts, max_m, k]
-  const float* a_scales = nullptr;   // [num_experts, max_m, num_blocks(k)]
-  const fp8_e4m3* w = nullptr;       // [num_experts, n, k]
-  const float* w_scales = nullptr;   // [num_experts, num_blocks(n), num_blocks(k)]
+  const fp8_e4m3* a = nullptr;        // [num_experts, max_m, k]
+  const float* a_scales = nullptr;    // [num_experts, max_m, num_blocks(k)]
+  const fp8_e4m3* w = nullptr;        // [num_experts, n, k]
+  const float* w_scales = nullptr;    // [num_experts, num_blocks(n), num_blocks(k)]
   const int32_t* masked_m = nullptr;  // [num_experts] valid rows, each in [0, max_m]
-  bf16* out = nullptr;               // [num_experts, max_m, n]; rows >= masked_m[e] zeroed
+  bf16* out = nullptr;                // [num_experts, max_m, n]; rows >= masked_m[e] zeroed
   int64_t num_experts = 0, max_m = 0, n = 0, k = 0;
 };
 

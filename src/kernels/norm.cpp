@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels {
 
 void RmsNormParams::validate() const {

@@ -1,10 +1,13 @@
 // Dispatchers and argument checks for the fp8 casts.
 #include "kernels/quant.h"
 
+#include "core/check.h"
+
 namespace deepinfer::kernels {
 
 namespace {
-void check_token(const char* op, const void* x, const void* q, const float* s, int64_t m, int64_t k) {
+void check_token(const char* op, const void* x, const void* q, const float* s, int64_t m,
+                 int64_t k) {
   DI_CHECK(m >= 0 && k >= 0, "{}: negative size m={} k={}", op, m, k);
   if (m * k == 0) return;
   DI_CHECK(x && q && s, "{}: a buffer pointer is null (x/q/scales)", op);

@@ -11,12 +11,13 @@
 #include <cstdint>
 #include <string>
 
+#include "core/check.h"
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels {
 
-constexpr int64_t kQuantBlock = 128;         // channels per scale (activations and weights)
-constexpr float kActAmaxFloor = 1e-4f;       // activation amax clamp (DSV3 act_quant, 2025-08)
+constexpr int64_t kQuantBlock = 128;    // channels per scale (activations and weights)
+constexpr float kActAmaxFloor = 1e-4f;  // activation amax clamp (DSV3 act_quant, 2025-08)
 
 constexpr int64_t num_blocks(int64_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
 
@@ -46,36 +47,36 @@ inline float weight_scale(float amax, bool ue8m0) {
 
 // q = e4m3(x / s) per 1×128 group of each row.
 struct QuantTokenParams {
-  const bf16* x = nullptr;    // [m, k]
-  fp8_e4m3* q = nullptr;      // [m, k]
-  float* scales = nullptr;    // [m, num_blocks(k)] (row-major, token-major)
+  const bf16* x = nullptr;  // [m, k]
+  fp8_e4m3* q = nullptr;    // [m, k]
+  float* scales = nullptr;  // [m, num_blocks(k)] (row-major, token-major)
   int64_t m = 0, k = 0;
-  bool ue8m0 = false;         // power-of-two scales
+  bool ue8m0 = false;  // power-of-two scales
 };
 
 // q = e4m3(w / S) per 128×128 block.
 struct QuantBlockParams {
-  const float* w = nullptr;   // [n, k] f32 (bf16 weights convert exactly)
-  fp8_e4m3* q = nullptr;      // [n, k]
-  float* scales = nullptr;    // [num_blocks(n), num_blocks(k)]
+  const float* w = nullptr;  // [n, k] f32 (bf16 weights convert exactly)
+  fp8_e4m3* q = nullptr;     // [n, k]
+  float* scales = nullptr;   // [num_blocks(n), num_blocks(k)]
   int64_t n = 0, k = 0;
   bool ue8m0 = false;
 };
 
 // Cast back: out = f32(q) · s, rounded once to bf16 (or kept f32). Set one or both outputs.
 struct DequantTokenParams {
-  const fp8_e4m3* q = nullptr;  // [m, k]
+  const fp8_e4m3* q = nullptr;    // [m, k]
   const float* scales = nullptr;  // [m, num_blocks(k)]
-  bf16* out = nullptr;          // [m, k] or null
-  float* out_f32 = nullptr;     // [m, k] or null
+  bf16* out = nullptr;            // [m, k] or null
+  float* out_f32 = nullptr;       // [m, k] or null
   int64_t m = 0, k = 0;
 };
 
 struct DequantBlockParams {
-  const fp8_e4m3* q = nullptr;  // [n, k]
+  const fp8_e4m3* q = nullptr;    // [n, k]
   const float* scales = nullptr;  // [num_blocks(n), num_blocks(k)]
-  bf16* out = nullptr;          // [n, k] or null
-  float* out_f32 = nullptr;     // [n, k] or null
+  bf16* out = nullptr;            // [n, k] or null
+  float* out_f32 = nullptr;       // [n, k] or null
   int64_t n = 0, k = 0;
 };
 
@@ -129,7 +130,9 @@ struct OpSpec<QuantBlockParams> {
 template <>
 struct OpSpec<DequantTokenParams> {
   static constexpr const char* name = "dequant_per_token";
-  static std::string shape(const DequantTokenParams& p) { return fmt::format("m={} k={}", p.m, p.k); }
+  static std::string shape(const DequantTokenParams& p) {
+    return fmt::format("m={} k={}", p.m, p.k);
+  }
   template <class V>
   static void visit(DequantTokenParams& p, V& v) {
     v.in("q", p.q, p.m * p.k);
@@ -142,7 +145,9 @@ struct OpSpec<DequantTokenParams> {
 template <>
 struct OpSpec<DequantBlockParams> {
   static constexpr const char* name = "dequant_per_block";
-  static std::string shape(const DequantBlockParams& p) { return fmt::format("n={} k={}", p.n, p.k); }
+  static std::string shape(const DequantBlockParams& p) {
+    return fmt::format("n={} k={}", p.n, p.k);
+  }
   template <class V>
   static void visit(DequantBlockParams& p, V& v) {
     v.in("q", p.q, p.n * p.k);

@@ -18,7 +18,8 @@
 namespace deepinfer::kernels {
 
 // Names the model part issuing kernel calls on this thread, e.g. KernelTag t("layer3"); then
-// KernelTag m("moe") gives "layer3.moe". Tags nest (joined with '.') and are restored on scope exit.
+// KernelTag m("moe") gives "layer3.moe". Tags nest (joined with '.') and are restored on scope
+// exit.
 class KernelTag {
  public:
   explicit KernelTag(std::string_view name);
@@ -43,12 +44,13 @@ struct CallBuffer {
 
 // What a recorder sees for one call. Pointers are valid only during Recorder::on_call.
 struct KernelCall {
-  std::string_view op;     // e.g. "gemm_fp8"
-  std::string_view tag;    // current_kernel_tag() at the call
-  uint64_t index;          // per thread and op, counting from 0 (same count DEEPINFER_FAULT uses)
-  std::string shape;       // human-readable sizes, e.g. "m=4 n=2048 k=7168"
-  KernelBackend backend;   // the backend that ran
-  std::span<const CallBuffer> inputs;   // copies taken before the call (in-place ops: the old values)
+  std::string_view op;    // e.g. "gemm_fp8"
+  std::string_view tag;   // current_kernel_tag() at the call
+  uint64_t index;         // per thread and op, counting from 0 (same count DEEPINFER_FAULT uses)
+  std::string shape;      // human-readable sizes, e.g. "m=4 n=2048 k=7168"
+  KernelBackend backend;  // the backend that ran
+  std::span<const CallBuffer>
+      inputs;  // copies taken before the call (in-place ops: the old values)
   std::span<const CallBuffer> outputs;  // as produced by `backend`
   // Re-runs this call on `host` from the input copies; returns the host outputs as flat tensors,
   // parallel to `outputs`. Never touches the caller's buffers. May be called at most once.

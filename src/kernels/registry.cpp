@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "core/check.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -83,7 +84,9 @@ void check_fault_knob() {
       value, f.op, known);
 }
 
-ScopedBackend::ScopedBackend(KernelBackend b) : saved_(t_backend_override) { t_backend_override = int(b); }
+ScopedBackend::ScopedBackend(KernelBackend b) : saved_(t_backend_override) {
+  t_backend_override = int(b);
+}
 ScopedBackend::~ScopedBackend() { t_backend_override = saved_; }
 
 ThreadPool& kernel_pool() {

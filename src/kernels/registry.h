@@ -8,18 +8,19 @@
 //
 //   template <> struct OpSpec<RmsNormParams> {
 //     static constexpr const char* name = "rms_norm";
-//     static std::string shape(const RmsNormParams& p) { return fmt::format("rows={} dim={}", p.rows, p.dim); }
-//     template <class V> static void visit(RmsNormParams& p, V& v) {
-//       v.in("x", p.x, p.rows * p.dim);        // element counts, not bytes; the type gives the dtype
-//       v.in("w", p.w, p.dim);
-//       v.out("out", p.out, p.rows * p.dim);   // v.inout(...) for buffers read and written in place
+//     static std::string shape(const RmsNormParams& p) { return fmt::format("rows={} dim={}",
+//     p.rows, p.dim); } template <class V> static void visit(RmsNormParams& p, V& v) {
+//       v.in("x", p.x, p.rows * p.dim);        // element counts, not bytes; the type gives the
+//       dtype v.in("w", p.w, p.dim); v.out("out", p.out, p.rows * p.dim);   // v.inout(...) for
+//       buffers read and written in place
 //     }
 //   };
 //   void rms_norm(const RmsNormParams& p) { dispatch(p, host::rms_norm, cpu::rms_norm); }
 //
 // The specialisation lives in namespace deepinfer::kernels (where OpSpec is declared), next to the
-// params struct. Null pointers are skipped (optional buffers). Output order matters: the first output is the
-// one DEEPINFER_FAULT perturbs. Host functions call host:: functions directly, never the dispatcher.
+// params struct. Null pointers are skipped (optional buffers). Output order matters: the first
+// output is the one DEEPINFER_FAULT perturbs. Host functions call host:: functions directly, never
+// the dispatcher.
 #pragma once
 
 #include <deepinfer/dtype.h>
@@ -33,6 +34,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/check.h"
 #include "core/env.h"
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
@@ -63,7 +65,8 @@ class ScopedBackend {
 // else global_pool().
 ThreadPool& kernel_pool();
 
-// ---- per-op description --------------------------------------------------------------------------
+// ---- per-op description
+// --------------------------------------------------------------------------
 
 template <class P>
 struct OpSpec;  // specialised per op, see the top of this file
@@ -71,16 +74,26 @@ struct OpSpec;  // specialised per op, see the top of this file
 template <class T>
 constexpr DType dtype_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>) return DType::f32;
-  else if constexpr (std::is_same_v<U, double>) return DType::f64;
-  else if constexpr (std::is_same_v<U, bf16>) return DType::bf16;
-  else if constexpr (std::is_same_v<U, fp8_e4m3>) return DType::e4m3;
-  else if constexpr (std::is_same_v<U, fp8_e5m2>) return DType::e5m2;
-  else if constexpr (std::is_same_v<U, int8_t>) return DType::i8;
-  else if constexpr (std::is_same_v<U, uint8_t>) return DType::u8;
-  else if constexpr (std::is_same_v<U, int32_t>) return DType::i32;
-  else if constexpr (std::is_same_v<U, int64_t>) return DType::i64;
-  else static_assert(sizeof(U) == 0, "kernel buffer element type has no DType");
+  if constexpr (std::is_same_v<U, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<U, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<U, bf16>)
+    return DType::bf16;
+  else if constexpr (std::is_same_v<U, fp8_e4m3>)
+    return DType::e4m3;
+  else if constexpr (std::is_same_v<U, fp8_e5m2>)
+    return DType::e5m2;
+  else if constexpr (std::is_same_v<U, int8_t>)
+    return DType::i8;
+  else if constexpr (std::is_same_v<U, uint8_t>)
+    return DType::u8;
+  else if constexpr (std::is_same_v<U, int32_t>)
+    return DType::i32;
+  else if constexpr (std::is_same_v<U, int64_t>)
+    return DType::i64;
+  else
+    static_assert(sizeof(U) == 0, "kernel buffer element type has no DType");
 }
 
 enum class BufferRole : uint8_t { in, out, inout };
@@ -98,27 +111,40 @@ namespace detail {
 struct CollectVisitor {
   std::vector<BufferSlot> slots;
   template <class T>
-  void in(const char* name, T*& p, int64_t numel) { add(name, p, numel, BufferRole::in); }
+  void in(const char* name, T*& p, int64_t numel) {
+    add(name, p, numel, BufferRole::in);
+  }
   template <class T>
-  void out(const char* name, T*& p, int64_t numel) { add(name, p, numel, BufferRole::out); }
+  void out(const char* name, T*& p, int64_t numel) {
+    add(name, p, numel, BufferRole::out);
+  }
   template <class T>
-  void inout(const char* name, T*& p, int64_t numel) { add(name, p, numel, BufferRole::inout); }
+  void inout(const char* name, T*& p, int64_t numel) {
+    add(name, p, numel, BufferRole::inout);
+  }
   template <class T>
   void add(const char* name, T* p, int64_t numel, BufferRole role) {
     if (p == nullptr) return;
     DI_CHECK(numel >= 0, "kernel buffer '{}' has negative size {}", name, numel);
-    slots.push_back({name, dtype_of<T>(), numel, const_cast<void*>(static_cast<const void*>(p)), role});
+    slots.push_back(
+        {name, dtype_of<T>(), numel, const_cast<void*>(static_cast<const void*>(p)), role});
   }
 };
 struct RedirectVisitor {
   const std::vector<void*>& ptrs;
   size_t i = 0;
   template <class T>
-  void in(const char*, T*& p, int64_t) { set(p); }
+  void in(const char*, T*& p, int64_t) {
+    set(p);
+  }
   template <class T>
-  void out(const char*, T*& p, int64_t) { set(p); }
+  void out(const char*, T*& p, int64_t) {
+    set(p);
+  }
   template <class T>
-  void inout(const char*, T*& p, int64_t) { set(p); }
+  void inout(const char*, T*& p, int64_t) {
+    set(p);
+  }
   template <class T>
   void set(T*& p) {
     if (p == nullptr) return;
@@ -146,7 +172,8 @@ P redirect_buffers(const P& p, const std::vector<void*>& ptrs) {
   return copy;
 }
 
-// ---- call counting and fault injection -----------------------------------------------------------
+// ---- call counting and fault injection
+// -----------------------------------------------------------
 
 // Index of this call among calls of `op` on this thread (0, 1, 2, ...).
 uint64_t next_call_index(const char* op);
@@ -176,7 +203,8 @@ void record_call(Recorder& rec, const char* op, uint64_t index, std::string shap
 void apply_fault(const std::vector<BufferSlot>& slots);
 }  // namespace detail
 
-// ---- the dispatcher --------------------------------------------------------------------------------
+// ---- the dispatcher
+// --------------------------------------------------------------------------------
 
 template <class P>
 void dispatch(const P& p, void (*host_fn)(const P&), void (*cpu_fn)(const P&)) {

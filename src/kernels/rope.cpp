@@ -8,6 +8,8 @@
 #include <numbers>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels {
 
 void RopeConfig::validate() const {

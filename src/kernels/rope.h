@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels {

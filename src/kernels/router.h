@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/check.h"
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels {

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels {
 
 void SamplingParams::validate() const {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/check.h"
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels {

@@ -3,6 +3,8 @@
 
 #include <deepinfer/error.h>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels {
 
 void SwigluParams::validate() const {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/check.h"
 #include "kernels/quant.h"
 #include "kernels/registry.h"
 

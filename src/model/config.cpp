@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/check.h"
+
 namespace deepinfer::model {
 
 namespace {
@@ -66,12 +68,14 @@ double ModelConfig::softmax_scale() const {
 
 std::string ModelConfig::summary() const {
   return fmt::format(
-      "{}: {} layers ({} dense), hidden {}, {} heads (nope/rope/v {}/{}/{}), q_lora {}, kv_lora {}, "
+      "{}: {} layers ({} dense), hidden {}, {} heads (nope/rope/v {}/{}/{}), q_lora {}, kv_lora "
+      "{}, "
       "{} routed experts top-{} in {} groups (topk_group {}), {} shared, vocab {}, {} weights{}",
-      model_type, num_hidden_layers, std::min(first_k_dense_replace, num_hidden_layers), hidden_size,
-      num_attention_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank, kv_lora_rank,
-      n_routed_experts, num_experts_per_tok, n_group, topk_group, n_shared_experts, vocab_size,
-      fp8_weights ? "fp8" : "bf16", rope_scaling.enabled ? fmt::format(", yarn x{}", rope_scaling.factor) : "");
+      model_type, num_hidden_layers, std::min(first_k_dense_replace, num_hidden_layers),
+      hidden_size, num_attention_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank,
+      kv_lora_rank, n_routed_experts, num_experts_per_tok, n_group, topk_group, n_shared_experts,
+      vocab_size, fp8_weights ? "fp8" : "bf16",
+      rope_scaling.enabled ? fmt::format(", yarn x{}", rope_scaling.factor) : "");
 }
 
 ModelConfig parse_config(const std::string& text, const std::string& source) {
@@ -86,7 +90,8 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
   ModelConfig c;
   c.model_type = r.string_or("model_type", "");
   if (c.model_type != "deepseek_v3" && c.model_type != "deepseek_v2")
-    r.bad("model_type", "is '" + c.model_type + "'; deepinfer runs deepseek_v3 and deepseek_v2 checkpoints");
+    r.bad("model_type",
+          "is '" + c.model_type + "'; deepinfer runs deepseek_v3 and deepseek_v2 checkpoints");
   c.vocab_size = r.integer("vocab_size");
   c.hidden_size = r.integer("hidden_size");
   c.intermediate_size = r.integer("intermediate_size");
@@ -109,18 +114,24 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
   c.bos_token_id = r.integer_or("bos_token_id", -1);
   c.eos_token_id = r.integer_or("eos_token_id", -1);
 
-  for (auto [f, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-                       {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
-                       {"num_attention_heads", c.num_attention_heads}, {"kv_lora_rank", c.kv_lora_rank},
-                       {"qk_nope_head_dim", c.qk_nope_head_dim}, {"qk_rope_head_dim", c.qk_rope_head_dim},
-                       {"v_head_dim", c.v_head_dim}, {"max_position_embeddings", c.max_position_embeddings}})
+  for (auto [f, v] : {std::pair{"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"kv_lora_rank", c.kv_lora_rank},
+                      {"qk_nope_head_dim", c.qk_nope_head_dim},
+                      {"qk_rope_head_dim", c.qk_rope_head_dim},
+                      {"v_head_dim", c.v_head_dim},
+                      {"max_position_embeddings", c.max_position_embeddings}})
     r.positive(f, v);
   if (c.q_lora_rank < 0) r.bad("q_lora_rank", "must be >= 0 (0 or null = direct q_proj)");
   if (c.qk_rope_head_dim % 2) r.bad("qk_rope_head_dim", "must be even (RoPE rotates pairs)");
   if (c.moe_layer_freq <= 0) r.bad("moe_layer_freq", "must be positive");
   const std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu") r.bad("hidden_act", "is '" + act + "'; only silu (SwiGLU) is supported");
-  if (r.boolean_or("attention_bias", false)) r.bad("attention_bias", "must be false (DeepSeek MLA has no biases)");
+  if (r.boolean_or("attention_bias", false))
+    r.bad("attention_bias", "must be false (DeepSeek MLA has no biases)");
 
   if (c.n_routed_experts > 0) {
     c.moe_intermediate_size = r.integer("moe_intermediate_size");
@@ -130,23 +141,36 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
     c.topk_group = r.integer_or("topk_group", 1);
     c.norm_topk_prob = r.boolean_or("norm_topk_prob", c.model_type == "deepseek_v3");
     c.routed_scaling_factor = r.number_or("routed_scaling_factor", 1.0);
-    const std::string method = r.string_or("topk_method", c.model_type == "deepseek_v3" ? "noaux_tc" : "greedy");
-    if (method == "noaux_tc") c.topk_method = TopkMethod::noaux_tc;
-    else if (method == "greedy") c.topk_method = TopkMethod::greedy;
-    else if (method == "group_limited_greedy") c.topk_method = TopkMethod::group_limited_greedy;
-    else r.bad("topk_method", "is '" + method + "'; allowed: noaux_tc, greedy, group_limited_greedy");
-    const std::string scoring = r.string_or("scoring_func", c.topk_method == TopkMethod::noaux_tc ? "sigmoid" : "softmax");
-    if (scoring == "sigmoid") c.scoring_func = ScoringFunc::sigmoid;
-    else if (scoring == "softmax") c.scoring_func = ScoringFunc::softmax;
-    else r.bad("scoring_func", "is '" + scoring + "'; allowed: sigmoid, softmax");
+    const std::string method =
+        r.string_or("topk_method", c.model_type == "deepseek_v3" ? "noaux_tc" : "greedy");
+    if (method == "noaux_tc")
+      c.topk_method = TopkMethod::noaux_tc;
+    else if (method == "greedy")
+      c.topk_method = TopkMethod::greedy;
+    else if (method == "group_limited_greedy")
+      c.topk_method = TopkMethod::group_limited_greedy;
+    else
+      r.bad("topk_method", "is '" + method + "'; allowed: noaux_tc, greedy, group_limited_greedy");
+    const std::string scoring =
+        r.string_or("scoring_func", c.topk_method == TopkMethod::noaux_tc ? "sigmoid" : "softmax");
+    if (scoring == "sigmoid")
+      c.scoring_func = ScoringFunc::sigmoid;
+    else if (scoring == "softmax")
+      c.scoring_func = ScoringFunc::softmax;
+    else
+      r.bad("scoring_func", "is '" + scoring + "'; allowed: sigmoid, softmax");
     if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.n_routed_experts)
-      r.bad("num_experts_per_tok", fmt::format("must be in [1, n_routed_experts = {}], got {}", c.n_routed_experts, c.num_experts_per_tok));
+      r.bad("num_experts_per_tok", fmt::format("must be in [1, n_routed_experts = {}], got {}",
+                                               c.n_routed_experts, c.num_experts_per_tok));
     if (c.n_group <= 0 || c.n_routed_experts % c.n_group)
-      r.bad("n_group", fmt::format("must divide n_routed_experts = {}, got {}", c.n_routed_experts, c.n_group));
+      r.bad("n_group", fmt::format("must divide n_routed_experts = {}, got {}", c.n_routed_experts,
+                                   c.n_group));
     if (c.topk_group <= 0 || c.topk_group > c.n_group)
-      r.bad("topk_group", fmt::format("must be in [1, n_group = {}], got {}", c.n_group, c.topk_group));
+      r.bad("topk_group",
+            fmt::format("must be in [1, n_group = {}], got {}", c.n_group, c.topk_group));
     if (c.topk_method == TopkMethod::noaux_tc && c.n_routed_experts / c.n_group < 2)
-      r.bad("n_group", "noaux_tc scores a group by its top-2 experts, so each group needs >= 2 experts");
+      r.bad("n_group",
+            "noaux_tc scores a group by its top-2 experts, so each group needs >= 2 experts");
     if (c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group))
       r.bad("num_experts_per_tok", "exceeds the experts available in topk_group groups");
   }
@@ -171,14 +195,17 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
     const json& q = j["quantization_config"];
     Reader s{q, source};
     const std::string method = s.string_or("quant_method", "");
-    if (method != "fp8") r.bad("quantization_config.quant_method", "is '" + method + "'; only fp8 is supported");
+    if (method != "fp8")
+      r.bad("quantization_config.quant_method", "is '" + method + "'; only fp8 is supported");
     const std::string fmt_ = s.string_or("fmt", "e4m3");
-    if (fmt_ != "e4m3") r.bad("quantization_config.fmt", "is '" + fmt_ + "'; only e4m3 is supported");
-    if (q.contains("weight_block_size") &&
-        q["weight_block_size"] != json::array({128, 128}))
-      r.bad("quantization_config.weight_block_size", "must be [128, 128], got " + q["weight_block_size"].dump());
+    if (fmt_ != "e4m3")
+      r.bad("quantization_config.fmt", "is '" + fmt_ + "'; only e4m3 is supported");
+    if (q.contains("weight_block_size") && q["weight_block_size"] != json::array({128, 128}))
+      r.bad("quantization_config.weight_block_size",
+            "must be [128, 128], got " + q["weight_block_size"].dump());
     const std::string sf = s.string_or("scale_fmt", "");
-    if (!sf.empty() && sf != "ue8m0") r.bad("quantization_config.scale_fmt", "is '" + sf + "'; allowed: ue8m0 or absent");
+    if (!sf.empty() && sf != "ue8m0")
+      r.bad("quantization_config.scale_fmt", "is '" + sf + "'; allowed: ue8m0 or absent");
     c.fp8_weights = true;
     c.ue8m0_scales = sf == "ue8m0";
   }

@@ -30,7 +30,7 @@ struct ModelConfig {
   int64_t num_attention_heads = 0;
   int64_t first_k_dense_replace = 0;
   int64_t moe_layer_freq = 1;
-  int64_t n_routed_experts = 0;       // 0 = no MoE layers
+  int64_t n_routed_experts = 0;  // 0 = no MoE layers
   int64_t n_shared_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t n_group = 1;
@@ -39,7 +39,7 @@ struct ModelConfig {
   ScoringFunc scoring_func = ScoringFunc::sigmoid;
   bool norm_topk_prob = true;
   double routed_scaling_factor = 1.0;
-  int64_t q_lora_rank = 0;            // 0 = direct q_proj (V2-Lite)
+  int64_t q_lora_rank = 0;  // 0 = direct q_proj (V2-Lite)
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
@@ -52,8 +52,8 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
-  bool fp8_weights = false;     // quantization_config fp8 e4m3 with [128, 128] blocks
-  bool ue8m0_scales = false;    // quantization_config.scale_fmt == "ue8m0"
+  bool fp8_weights = false;   // quantization_config fp8 e4m3 with [128, 128] blocks
+  bool ue8m0_scales = false;  // quantization_config.scale_fmt == "ue8m0"
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool is_moe_layer(int64_t layer) const {

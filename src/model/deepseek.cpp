@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/check.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -36,9 +37,9 @@ struct Scratch {
 // A linear's input: bf16 activations, and optionally their 1×128 fp8 cast (computed once when
 // several fp8 linears read the same x).
 struct Act {
-  const bf16* x = nullptr;         // [T, K]
-  const fp8_e4m3* q = nullptr;     // [T, K] or null
-  const float* scales = nullptr;   // [T, num_blocks(K)] or null
+  const bf16* x = nullptr;        // [T, K]
+  const fp8_e4m3* q = nullptr;    // [T, K] or null
+  const float* scales = nullptr;  // [T, num_blocks(K)] or null
 };
 
 k::RopeConfig rope_config(const ModelConfig& c) {
@@ -55,7 +56,9 @@ k::RopeConfig rope_config(const ModelConfig& c) {
   return r;
 }
 
-size_t mlp_bytes(const Mlp& m) { return m.gate.weight_bytes() + m.up.weight_bytes() + m.down.weight_bytes(); }
+size_t mlp_bytes(const Mlp& m) {
+  return m.gate.weight_bytes() + m.up.weight_bytes() + m.down.weight_bytes();
+}
 
 }  // namespace
 
@@ -79,19 +82,22 @@ struct DeepseekModel::Impl {
   float softmax_scale = 0.0f;
 
   // Scratch (per rank; forward is not reentrant).
-  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf, ubuf, shared_out, gath;
+  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf, ubuf,
+      shared_out, gath;
   Scratch<fp8_e4m3> xq, tq;
   Scratch<float> xs, ts, router_logits, topk_w, margins;
   Scratch<int64_t> topk_idx, positions;
 
   Impl(std::shared_ptr<const ModelWeights> weights, Group& g, const ModelOptions& o)
       : w(std::move(weights)), cfg(w->config), group(g), opts(o) {
-    DI_CHECK(opts.max_tokens_per_step > 0, "max_tokens_per_step must be positive, got {}", opts.max_tokens_per_step);
+    DI_CHECK(opts.max_tokens_per_step > 0, "max_tokens_per_step must be positive, got {}",
+             opts.max_tokens_per_step);
     const auto rc = rope_config(cfg);
     inv_freq = k::rope_inv_freq(rc);
     attention_factor = k::rope_attention_factor(rc);
     softmax_scale = k::mla_softmax_scale(cfg.qk_head_dim(), rc);
-    const int64_t H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank;
+    const int64_t H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim, dv = cfg.v_head_dim,
+                  r = cfg.kv_lora_rank;
     for (const auto& L : w->layers) {
       AbsorbedKvB a;
       const Linear& kb = L.kv_b;
@@ -113,7 +119,8 @@ struct DeepseekModel::Impl {
       bf16* dst = a.w_uk_t.data<bf16>();
       for (int64_t hh = 0; hh < H; ++hh)
         for (int64_t d = 0; d < dn; ++d)
-          for (int64_t c = 0; c < r; ++c) dst[(hh * r + c) * dn + d] = src[(hh * (dn + dv) + d) * r + c];
+          for (int64_t c = 0; c < r; ++c)
+            dst[(hh * r + c) * dn + d] = src[(hh * (dn + dv) + d) * r + c];
       kvb.push_back(std::move(a));
     }
     int64_t first_moe = -1;
@@ -189,8 +196,9 @@ struct DeepseekModel::Impl {
     }
   }
 
-  void rms_norm(const bf16* x, const bf16* wt, int64_t T, int64_t dim, bf16* y, int64_t in_stride = 0,
-                int64_t out_stride = 0, fp8_e4m3* q = nullptr, float* s = nullptr) {
+  void rms_norm(const bf16* x, const bf16* wt, int64_t T, int64_t dim, bf16* y,
+                int64_t in_stride = 0, int64_t out_stride = 0, fp8_e4m3* q = nullptr,
+                float* s = nullptr) {
     if (T == 0) return;
     k::RmsNormParams p;
     p.x = x;
@@ -250,10 +258,12 @@ struct DeepseekModel::Impl {
   // ---- attention ------------------------------------------------------------------------------
 
   // h [T, hidden] += MLA(RMSNorm(h)).
-  void attention(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T, bf16* hbuf) {
+  void attention(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
+                 bf16* hbuf) {
     const LayerWeights& L = w->layers[size_t(li)];
     const int64_t hid = cfg.hidden_size, H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim,
-                  dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank, qk = dn + dr, row = r + dr;
+                  dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank,
+                  qk = dn + dr, row = r + dr;
     if (T > 0) {
       bf16* x = xn.get(T * hid);
       fp8_e4m3* xq8 = xq.get(T * hid);
@@ -273,7 +283,8 @@ struct DeepseekModel::Impl {
       linear(L.kv_a, xa, T, kvb_);
       bf16* kr = kvrow.get(T * row);  // [T, r + dr]: [c_n | k_pe]
       rms_norm(kvb_, L.kv_a_norm, T, r, kr, row, row);
-      for (int64_t t = 0; t < T; ++t) std::memcpy(kr + t * row + r, kvb_ + t * row + r, size_t(dr) * sizeof(bf16));
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(kr + t * row + r, kvb_ + t * row + r, size_t(dr) * sizeof(bf16));
       // Positions of the T tokens.
       int64_t* pos = positions.get(T);
       {
@@ -304,7 +315,8 @@ struct DeepseekModel::Impl {
       bf16* qn = t0.get(T * dn);
       bf16* qt = t1.get(T * r);
       for (int64_t hh = 0; hh < H; ++hh) {
-        for (int64_t t = 0; t < T; ++t) std::memcpy(qn + t * dn, qb + (t * H + hh) * qk, size_t(dn) * sizeof(bf16));
+        for (int64_t t = 0; t < T; ++t)
+          std::memcpy(qn + t * dn, qb + (t * H + hh) * qk, size_t(dn) * sizeof(bf16));
         k::GemmBf16Params gp;
         gp.a = qn;
         gp.w = kvb[size_t(li)].w_uk_t.data<bf16>() + hh * r * dn;
@@ -324,7 +336,8 @@ struct DeepseekModel::Impl {
         int64_t t = 0;
         for (const auto& c : chunks)
           for (int64_t j = 0; j < c.num_tokens; ++j, ++t)
-            std::memcpy(cache.row(li, c.cache_seq, c.start_pos + j), kr + t * row, size_t(row) * sizeof(bf16));
+            std::memcpy(cache.row(li, c.cache_seq, c.start_pos + j), kr + t * row,
+                        size_t(row) * sizeof(bf16));
       }
       bf16* ol = olat.get(T * H * r);  // [T, H, r] latent outputs
       int64_t t = 0;
@@ -356,7 +369,8 @@ struct DeepseekModel::Impl {
       bf16* on = t0.get(T * r);
       bf16* ov = t1.get(T * dv);
       for (int64_t hh = 0; hh < H; ++hh) {
-        for (int64_t tt = 0; tt < T; ++tt) std::memcpy(on + tt * r, ol + (tt * H + hh) * r, size_t(r) * sizeof(bf16));
+        for (int64_t tt = 0; tt < T; ++tt)
+          std::memcpy(on + tt * r, ol + (tt * H + hh) * r, size_t(r) * sizeof(bf16));
         k::GemmBf16Params gp;
         gp.a = on;
         gp.w = kvb[size_t(li)].w_bf16.data<bf16>() + (hh * (dn + dv) + dn) * r;
@@ -365,7 +379,8 @@ struct DeepseekModel::Impl {
         gp.n = dv;
         gp.k = r;
         k::gemm_bf16(gp);
-        for (int64_t tt = 0; tt < T; ++tt) std::memcpy(oc + (tt * H + hh) * dv, ov + tt * dv, size_t(dv) * sizeof(bf16));
+        for (int64_t tt = 0; tt < T; ++tt)
+          std::memcpy(oc + (tt * H + hh) * dv, ov + tt * dv, size_t(dv) * sizeof(bf16));
       }
       bf16* ao = attn.get(T * hid);
       linear(L.o, Act{oc}, T, ao);
@@ -425,7 +440,8 @@ struct DeepseekModel::Impl {
         rp.top_k = K;
         rp.n_group = cfg.n_group;
         rp.topk_group = cfg.topk_group;
-        rp.scoring = cfg.scoring_func == ScoringFunc::sigmoid ? k::ScoringFunc::sigmoid : k::ScoringFunc::softmax;
+        rp.scoring = cfg.scoring_func == ScoringFunc::sigmoid ? k::ScoringFunc::sigmoid
+                                                              : k::ScoringFunc::softmax;
         rp.method = cfg.topk_method == TopkMethod::noaux_tc ? k::TopkMethod::noaux_tc
                     : cfg.topk_method == TopkMethod::greedy ? k::TopkMethod::greedy
                                                             : k::TopkMethod::group_limited_greedy;
@@ -506,8 +522,8 @@ struct DeepseekModel::Impl {
     const int64_t hid = cfg.hidden_size, V = cfg.vocab_size;
     int64_t T = 0;
     for (const auto& c : chunks) {
-      DI_CHECK(c.num_tokens >= 0 && c.start_pos >= 0, "bad chunk: {} tokens at position {}", c.num_tokens,
-               c.start_pos);
+      DI_CHECK(c.num_tokens >= 0 && c.start_pos >= 0, "bad chunk: {} tokens at position {}",
+               c.num_tokens, c.start_pos);
       T += c.num_tokens;
     }
     DI_CHECK(T <= opts.max_tokens_per_step, "forward: {} tokens exceed max_tokens_per_step {}", T,
@@ -552,7 +568,8 @@ struct DeepseekModel::Impl {
     if (R > 0) {
       k::KernelTag tag("head");
       bf16* g = gath.get(R * hid);
-      for (int64_t i = 0; i < R; ++i) std::memcpy(g + i * hid, hb + rows[size_t(i)] * hid, size_t(hid) * sizeof(bf16));
+      for (int64_t i = 0; i < R; ++i)
+        std::memcpy(g + i * hid, hb + rows[size_t(i)] * hid, size_t(hid) * sizeof(bf16));
       bf16* gn = head_in.get(R * hid);
       rms_norm(g, w->final_norm, R, hid, gn);
       k::GemmBf16Params gp;
@@ -574,7 +591,8 @@ ModelOptions ModelOptions::from_knobs() {
   return o;
 }
 
-DeepseekModel::DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group, const ModelOptions& opts)
+DeepseekModel::DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group,
+                             const ModelOptions& opts)
     : impl_(std::make_unique<Impl>(std::move(weights), group, opts)) {}
 DeepseekModel::~DeepseekModel() = default;
 
@@ -590,7 +608,8 @@ KvCacheConfig DeepseekModel::kv_cache_config(int64_t num_pages) const {
   return c;
 }
 
-ForwardOutput DeepseekModel::forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace) {
+ForwardOutput DeepseekModel::forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache,
+                                     bool trace) {
   return impl_->forward(chunks, cache, trace);
 }
 
@@ -600,8 +619,8 @@ double DeepseekModel::active_weight_bytes_per_token() const {
   double b = 0;
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const auto& L = w.layers[i];
-    b += double(L.q_a.weight_bytes() + L.q_b.weight_bytes() + L.q.weight_bytes() + L.kv_a.weight_bytes() +
-                L.o.weight_bytes());
+    b += double(L.q_a.weight_bytes() + L.q_b.weight_bytes() + L.q.weight_bytes() +
+                L.kv_a.weight_bytes() + L.o.weight_bytes());
     b += double(impl_->kvb[i].w_bf16.nbytes()) + double(impl_->kvb[i].w_uk_t.nbytes());
     b += 2.0 * double(c.hidden_size) * 2;  // the two norms
     if (!L.moe) {
@@ -612,7 +631,8 @@ double DeepseekModel::active_weight_bytes_per_token() const {
       if (L.has_shared) b += double(mlp_bytes(L.shared));
     }
   }
-  b += double(w.lm_head.weight_bytes()) + double(c.hidden_size) * 2 * 2;  // head, final norm, embed row
+  b += double(w.lm_head.weight_bytes()) +
+       double(c.hidden_size) * 2 * 2;  // head, final norm, embed row
   return b;
 }
 

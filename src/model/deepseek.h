@@ -34,11 +34,11 @@ struct ModelOptions {
 // One sequence's slice of a forward call: `num_tokens` new tokens at positions
 // [start_pos, start_pos + num_tokens); the cache already holds positions < start_pos.
 struct SeqChunk {
-  int64_t cache_seq = 0;          // PagedKvCache sequence id
+  int64_t cache_seq = 0;            // PagedKvCache sequence id
   const int32_t* tokens = nullptr;  // [num_tokens]
   int64_t num_tokens = 0;
   int64_t start_pos = 0;
-  bool all_logits = false;        // logits for every new position (else only the last)
+  bool all_logits = false;  // logits for every new position (else only the last)
 };
 
 // Routing decisions of one forward call, per MoE layer, for every token of the batch.
@@ -49,14 +49,15 @@ struct RoutingTrace {
 };
 
 struct ForwardOutput {
-  Tensor logits;                     // [R, V] f32: per chunk, all its positions or its last
-  std::vector<int64_t> row_begin;    // [chunks + 1] row range of each chunk in logits
-  RoutingTrace routing;              // filled when forward(..., trace = true)
+  Tensor logits;                   // [R, V] f32: per chunk, all its positions or its last
+  std::vector<int64_t> row_begin;  // [chunks + 1] row range of each chunk in logits
+  RoutingTrace routing;            // filled when forward(..., trace = true)
 };
 
 class DeepseekModel {
  public:
-  DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group, const ModelOptions& opts);
+  DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group,
+                const ModelOptions& opts);
   ~DeepseekModel();
   DeepseekModel(const DeepseekModel&) = delete;
   DeepseekModel& operator=(const DeepseekModel&) = delete;
@@ -67,7 +68,8 @@ class DeepseekModel {
   KvCacheConfig kv_cache_config(int64_t num_pages) const;
   // Collective (MoE layers). Total new tokens must be <= max_tokens_per_step. The cache must have
   // room reserved for every chunk (forward reserves it).
-  ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace = false);
+  ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache,
+                        bool trace = false);
   // Bytes of weights one token reads in decode (attention + dense + top-k experts + shared + head),
   // for the decode roofline.
   double active_weight_bytes_per_token() const;

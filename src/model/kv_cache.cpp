@@ -2,6 +2,8 @@
 
 #include <deepinfer/error.h>
 
+#include "core/check.h"
+
 namespace deepinfer::model {
 
 void KvCacheConfig::validate() const {
@@ -13,7 +15,8 @@ void KvCacheConfig::validate() const {
 
 PagedKvCache::PagedKvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
-  DI_CHECK(cfg_.num_pages < (int64_t(1) << 31), "KV cache: {} pages do not fit int32 page ids", cfg_.num_pages);
+  DI_CHECK(cfg_.num_pages < (int64_t(1) << 31), "KV cache: {} pages do not fit int32 page ids",
+           cfg_.num_pages);
   for (int64_t l = 0; l < cfg_.num_layers; ++l)
     layers_.push_back(Tensor::zeros(DType::bf16, {cfg_.num_pages, cfg_.page_size, cfg_.row_dim}));
   // Stack with page 0 on top so the first sequence gets pages 0, 1, 2, ...
@@ -45,31 +48,37 @@ void PagedKvCache::reserve(int64_t seq, int64_t len) {
   auto& t = it->second;
   const int64_t need = (len + cfg_.page_size - 1) / cfg_.page_size;
   if (need - int64_t(t.size()) > int64_t(free_.size()))
-    DI_FAIL("KV cache full: sequence {} needs {} pages for {} tokens but only {} of {} pages are free; "
-            "raise the cache size (--kv-pages) or lower the batch / max tokens",
-            seq, need, len, free_.size(), cfg_.num_pages);
+    DI_FAIL(
+        "KV cache full: sequence {} needs {} pages for {} tokens but only {} of {} pages are free; "
+        "raise the cache size (--kv-pages) or lower the batch / max tokens",
+        seq, need, len, free_.size(), cfg_.num_pages);
   while (int64_t(t.size()) < need) {
     t.push_back(free_.back());
     free_.pop_back();
   }
 }
 
-int64_t PagedKvCache::capacity(int64_t seq) const { return int64_t(table(seq).size()) * cfg_.page_size; }
+int64_t PagedKvCache::capacity(int64_t seq) const {
+  return int64_t(table(seq).size()) * cfg_.page_size;
+}
 
 const std::vector<int32_t>& PagedKvCache::block_table(int64_t seq) const { return table(seq); }
 
 bf16* PagedKvCache::row(int64_t layer, int64_t seq, int64_t pos) {
   const auto& t = table(seq);
-  DI_CHECK(layer >= 0 && layer < cfg_.num_layers, "KV cache: layer {} out of range [0, {})", layer, cfg_.num_layers);
+  DI_CHECK(layer >= 0 && layer < cfg_.num_layers, "KV cache: layer {} out of range [0, {})", layer,
+           cfg_.num_layers);
   DI_CHECK(pos >= 0 && pos < int64_t(t.size()) * cfg_.page_size,
            "KV cache: position {} of sequence {} beyond its {} reserved tokens", pos, seq,
            int64_t(t.size()) * cfg_.page_size);
   const int64_t page = t[size_t(pos / cfg_.page_size)];
-  return layers_[size_t(layer)].data<bf16>() + (page * cfg_.page_size + pos % cfg_.page_size) * cfg_.row_dim;
+  return layers_[size_t(layer)].data<bf16>() +
+         (page * cfg_.page_size + pos % cfg_.page_size) * cfg_.row_dim;
 }
 
 const bf16* PagedKvCache::pages(int64_t layer) const {
-  DI_CHECK(layer >= 0 && layer < cfg_.num_layers, "KV cache: layer {} out of range [0, {})", layer, cfg_.num_layers);
+  DI_CHECK(layer >= 0 && layer < cfg_.num_layers, "KV cache: layer {} out of range [0, {})", layer,
+           cfg_.num_layers);
   return layers_[size_t(layer)].data<bf16>();
 }
 

@@ -1,6 +1,7 @@
-// Paged latent KV cache for MLA (docs/numerics.md §6, docs/architecture.md §6): per layer, pages of 64 tokens, each token one
-// row [c_n (kv_lora) | k_pe (rope)] bf16 — the FlashMLA layout mla_decode reads. Sequences share
-// one page pool; a sequence's block table (page ids) is the same for every layer.
+// Paged latent KV cache for MLA (docs/numerics.md §6, docs/architecture.md §6): per layer, pages of
+// 64 tokens, each token one row [c_n (kv_lora) | k_pe (rope)] bf16 — the FlashMLA layout mla_decode
+// reads. Sequences share one page pool; a sequence's block table (page ids) is the same for every
+// layer.
 #pragma once
 
 #include <deepinfer/dtype.h>
@@ -43,8 +44,8 @@ class PagedKvCache {
  private:
   const std::vector<int32_t>& table(int64_t seq) const;
   KvCacheConfig cfg_;
-  std::vector<Tensor> layers_;     // per layer [num_pages, page_size, row_dim] bf16
-  std::vector<int32_t> free_;      // free page ids (a stack)
+  std::vector<Tensor> layers_;  // per layer [num_pages, page_size, row_dim] bf16
+  std::vector<int32_t> free_;   // free page ids (a stack)
   std::map<int64_t, std::vector<int32_t>> tables_;
   int64_t next_id_ = 0;
 };

@@ -13,13 +13,16 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/check.h"
+
 namespace deepinfer::model {
 
 std::string unsupported_dtype_hint(const std::string& dtype) {
   if (dtype == "F16") return "convert the checkpoint's F16 tensors to BF16";
   if (dtype.rfind("F8_", 0) == 0)
     return fmt::format(
-        "convert the {} tensors to F8_E4M3 (OCP e4m3fn, as DeepSeek-V3 ships) with their block scales, "
+        "convert the {} tensors to F8_E4M3 (OCP e4m3fn, as DeepSeek-V3 ships) with their block "
+        "scales, "
         "or to BF16",
         dtype);
   if (dtype.rfind("F", 0) == 0)
@@ -44,7 +47,8 @@ DType parse_dtype(const std::string& s, const std::string& where) {
   if (s == "I32") return DType::i32;
   if (s == "I64") return DType::i64;
   DI_FAIL(
-      "{}: dtype {} is not supported (supported: F32, F64, BF16, F8_E4M3, F8_E5M2, I8, U8, I32, I64); {}",
+      "{}: dtype {} is not supported (supported: F32, F64, BF16, F8_E4M3, F8_E5M2, I8, U8, I32, "
+      "I64); {}",
       where, s, unsupported_dtype_hint(s));
 }
 
@@ -58,15 +62,24 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 const char* safetensors_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::bf16: return "BF16";
-    case DType::e4m3: return "F8_E4M3";
-    case DType::e5m2: return "F8_E5M2";
-    case DType::i8: return "I8";
-    case DType::u8: return "U8";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::bf16:
+      return "BF16";
+    case DType::e4m3:
+      return "F8_E4M3";
+    case DType::e5m2:
+      return "F8_E5M2";
+    case DType::i8:
+      return "I8";
+    case DType::u8:
+      return "U8";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
   }
   return "?";
 }
@@ -101,7 +114,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   map_size_ = size_t(st.st_size);
   if (map_size_ < 8) {
     ::close(fd);
-    DI_FAIL("{} is {} bytes: too short to be a safetensors file (truncated download?)", path, map_size_);
+    DI_FAIL("{} is {} bytes: too short to be a safetensors file (truncated download?)", path,
+            map_size_);
   }
   map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -141,15 +155,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     t.file = path;
     t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
     for (auto& d : entry["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) DI_FAIL("{}: bad shape {}", where, entry["shape"].dump());
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        DI_FAIL("{}: bad shape {}", where, entry["shape"].dump());
       t.shape.push_back(d.get<int64_t>());
     }
     const auto& off = entry["data_offsets"];
     if (!off.is_array() || off.size() != 2) DI_FAIL("{}: data_offsets must be [begin, end]", where);
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data_size)
-      DI_FAIL("{}: data [{}, {}) lies outside the {} data bytes of the file (truncated file?)", where, b,
-              e, data_size);
+      DI_FAIL("{}: data [{}, {}) lies outside the {} data bytes of the file (truncated file?)",
+              where, b, e, data_size);
     t.nbytes = size_t(e - b);
     if (t.nbytes != size_t(t.numel()) * dtype_size(t.dtype))
       DI_FAIL("{}: {} bytes stored but {}{} needs {}", where, t.nbytes, dtype_name(t.dtype),
@@ -206,9 +221,11 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
 const TensorView& Checkpoint::get(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end())
-    DI_FAIL("tensor {} is missing from the checkpoint in {} (incomplete download, or a config.json that "
-            "does not match the weights?)",
-            name, dir_);
+    DI_FAIL(
+        "tensor {} is missing from the checkpoint in {} (incomplete download, or a config.json "
+        "that "
+        "does not match the weights?)",
+        name, dir_);
   return *it->second;
 }
 
@@ -239,7 +256,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   for (const auto& t : tensors) {
     size_t n = dtype_size(t.dtype);
     for (auto d : t.shape) n *= size_t(d);
-    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string h = header.dump();

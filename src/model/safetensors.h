@@ -60,7 +60,8 @@ class Checkpoint {
   // The tensor, or an Error naming it and the folder (and what to check).
   const TensorView& get(const std::string& name) const;
   // get() plus a dtype and shape check that names the tensor and both shapes.
-  const TensorView& get(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
+  const TensorView& get(const std::string& name, DType dtype,
+                        const std::vector<int64_t>& shape) const;
   std::vector<std::string> names() const;
   size_t total_bytes() const;
 

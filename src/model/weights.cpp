@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
@@ -36,7 +37,8 @@ class Loader {
     if (w.shape != std::vector<int64_t>{out, in})
       DI_FAIL("{}", mismatch_message(w, w.dtype, {out, in}));
     if (w.dtype == DType::e4m3) {
-      const auto& s = ckpt_.get(prefix + ".weight_scale_inv", DType::f32, {blocks(out), blocks(in)});
+      const auto& s =
+          ckpt_.get(prefix + ".weight_scale_inv", DType::f32, {blocks(out), blocks(in)});
       l.w_fp8 = w.as<fp8_e4m3>();
       l.w_scale = s.as<float>();
       account(w.nbytes + s.nbytes);
@@ -97,8 +99,8 @@ class Loader {
     if (pct == last_pct_) return;
     last_pct_ = pct;
     const int filled = pct / 4;
-    std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%%", filled, "#########################", 25 - filled, "",
-                 std::min(pct, 100));
+    std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%%", filled, "#########################",
+                 25 - filled, "", std::min(pct, 100));
     if (pct >= 100) std::fprintf(stderr, "\n");
   }
 
@@ -144,9 +146,10 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
   DI_CHECK(opts.ep_size >= 1 && opts.ep_rank >= 0 && opts.ep_rank < opts.ep_size,
            "bad EP rank {} of {}", opts.ep_rank, opts.ep_size);
   if (cfg.n_routed_experts > 0 && cfg.n_routed_experts % opts.ep_size != 0)
-    DI_FAIL("the model has {} routed experts, which EP size {} does not divide; choose an EP size that "
-            "divides {}",
-            cfg.n_routed_experts, opts.ep_size, cfg.n_routed_experts);
+    DI_FAIL(
+        "the model has {} routed experts, which EP size {} does not divide; choose an EP size that "
+        "divides {}",
+        cfg.n_routed_experts, opts.ep_size, cfg.n_routed_experts);
   auto mw = std::make_shared<ModelWeights>();
   mw->config = cfg;
   mw->checkpoint = checkpoint;
@@ -173,7 +176,8 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
   mw->embed = embed.as<bf16>();
   mw->final_norm = ld.norm("model.norm.weight", h);
   {
-    const std::string head = ck.has("lm_head.weight") || !cfg.tie_word_embeddings ? "lm_head" : "model.embed_tokens";
+    const std::string head =
+        ck.has("lm_head.weight") || !cfg.tie_word_embeddings ? "lm_head" : "model.embed_tokens";
     const auto& t = ck.get(head + ".weight", DType::bf16, {cfg.vocab_size, h});
     mw->lm_head.name = head;
     mw->lm_head.out = cfg.vocab_size;
@@ -181,8 +185,8 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     mw->lm_head.w_bf16 = t.as<bf16>();
   }
   if (cfg.num_nextn_predict_layers > 0)
-    log_info("skipping {} MTP layer(s) (layer {}+): speculative decoding is not used", cfg.num_nextn_predict_layers,
-             cfg.num_hidden_layers);
+    log_info("skipping {} MTP layer(s) (layer {}+): speculative decoding is not used",
+             cfg.num_nextn_predict_layers, cfg.num_hidden_layers);
 
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}", i);
@@ -200,7 +204,8 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     }
     L.kv_a = ld.linear(a + ".kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim, h);
     L.kv_a_norm = ld.norm(a + ".kv_a_layernorm.weight", cfg.kv_lora_rank);
-    L.kv_b = ld.linear(a + ".kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank);
+    L.kv_b = ld.linear(a + ".kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+                       cfg.kv_lora_rank);
     L.o = ld.linear(a + ".o_proj", h, heads * cfg.v_head_dim);
     L.moe = cfg.is_moe_layer(i);
     const std::string m = p + ".mlp";
@@ -213,9 +218,12 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
       L.router.in = h;
       L.router.w_bf16 = g.as<bf16>();
       if (cfg.topk_method == TopkMethod::noaux_tc)
-        L.router_bias = ck.get(m + ".gate.e_score_correction_bias", DType::f32, {cfg.n_routed_experts}).as<float>();
+        L.router_bias =
+            ck.get(m + ".gate.e_score_correction_bias", DType::f32, {cfg.n_routed_experts})
+                .as<float>();
       for (int64_t e = 0; e < mw->num_local_experts; ++e)
-        L.experts.push_back(ld.mlp(fmt::format("{}.experts.{}", m, mw->first_local_expert + e), cfg.moe_intermediate_size));
+        L.experts.push_back(ld.mlp(fmt::format("{}.experts.{}", m, mw->first_local_expert + e),
+                                   cfg.moe_intermediate_size));
       if (cfg.n_shared_experts > 0) {
         L.shared = ld.mlp(m + ".shared_experts", cfg.n_shared_experts * cfg.moe_intermediate_size);
         L.has_shared = true;

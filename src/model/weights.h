@@ -16,8 +16,9 @@
 
 namespace deepinfer::model {
 
-// How linear layers compute (docs/numerics.md §3): fp8 = block-scaled FP8 GEMM with 1×128 activation
-// quantization; bf16 = weights dequantized to BF16 once at load, BF16 GEMM with fp32 accumulation.
+// How linear layers compute (docs/numerics.md §3): fp8 = block-scaled FP8 GEMM with 1×128
+// activation quantization; bf16 = weights dequantized to BF16 once at load, BF16 GEMM with fp32
+// accumulation.
 enum class GemmMode : uint8_t { fp8, bf16 };
 
 // y = x·Wᵀ with W [out, in]. Exactly one of (w_fp8 + w_scale) or w_bf16 is set.
@@ -27,11 +28,12 @@ struct Linear {
   const fp8_e4m3* w_fp8 = nullptr;  // [out, in]
   const float* w_scale = nullptr;   // [ceil(out/128), ceil(in/128)] multipliers: W = q·S
   const bf16* w_bf16 = nullptr;     // [out, in]
-  const uint8_t* w_decode = nullptr;  // w_fp8 in the cpu decode layout (kernels::pack_decode_layout), or null
-  Tensor owned_w, owned_scale;      // storage when converted at load
-  Tensor owned_decode;              // storage of w_decode
+  const uint8_t* w_decode =
+      nullptr;  // w_fp8 in the cpu decode layout (kernels::pack_decode_layout), or null
+  Tensor owned_w, owned_scale;  // storage when converted at load
+  Tensor owned_decode;          // storage of w_decode
   bool fp8() const { return w_fp8 != nullptr; }
-  size_t weight_bytes() const;      // bytes read per use (weights + scales)
+  size_t weight_bytes() const;  // bytes read per use (weights + scales)
 };
 
 struct Mlp {  // SwiGLU: down(silu(gate·x) ⊙ up·x)
@@ -42,19 +44,19 @@ struct LayerWeights {
   const bf16* input_norm = nullptr;      // [hidden]
   const bf16* post_attn_norm = nullptr;  // [hidden]
   // MLA
-  Linear q_a, q_b, q;                    // q_a/q_b with q LoRA, q (direct) without
-  const bf16* q_a_norm = nullptr;        // [q_lora_rank]
-  Linear kv_a;                           // [kv_lora + rope, hidden]
-  const bf16* kv_a_norm = nullptr;       // [kv_lora_rank]
-  Linear kv_b;                           // [heads·(nope + v), kv_lora], head-major [k_nope | v]
-  Linear o;                              // [hidden, heads·v]
+  Linear q_a, q_b, q;               // q_a/q_b with q LoRA, q (direct) without
+  const bf16* q_a_norm = nullptr;   // [q_lora_rank]
+  Linear kv_a;                      // [kv_lora + rope, hidden]
+  const bf16* kv_a_norm = nullptr;  // [kv_lora_rank]
+  Linear kv_b;                      // [heads·(nope + v), kv_lora], head-major [k_nope | v]
+  Linear o;                         // [hidden, heads·v]
   // FFN
   bool moe = false;
-  Mlp dense;                             // dense layers
-  Linear router;                         // [n_routed, hidden] BF16; logits f32 (gemm_bf16 out_f32)
-  const float* router_bias = nullptr;    // [n_routed] f32 (noaux_tc), else null
-  std::vector<Mlp> experts;              // this rank's experts, local id = e - first_local_expert
-  Mlp shared;                            // n_shared_experts fused (width n_shared·moe_inter)
+  Mlp dense;                           // dense layers
+  Linear router;                       // [n_routed, hidden] BF16; logits f32 (gemm_bf16 out_f32)
+  const float* router_bias = nullptr;  // [n_routed] f32 (noaux_tc), else null
+  std::vector<Mlp> experts;            // this rank's experts, local id = e - first_local_expert
+  Mlp shared;                          // n_shared_experts fused (width n_shared·moe_inter)
   bool has_shared = false;
 };
 
@@ -64,15 +66,16 @@ struct LoadOptions {
   GemmMode gemm = GemmMode::fp8;
   bool quantize_fp8 = false;  // BF16 linears -> FP8 128×128 blocks at load
   bool progress = false;      // progress bar on stderr
-  bool decode_layout = false;  // fp8 linears also get the cpu decode layout (DEEPINFER_DECODE_LAYOUT)
+  bool decode_layout =
+      false;  // fp8 linears also get the cpu decode layout (DEEPINFER_DECODE_LAYOUT)
 };
 
 struct ModelWeights {
   ModelConfig config;
   std::shared_ptr<const Checkpoint> checkpoint;  // keeps the mmap alive
-  const bf16* embed = nullptr;    // [vocab, hidden]
-  const bf16* final_norm = nullptr;  // [hidden]
-  Linear lm_head;                 // [vocab, hidden], BF16 GEMM with fp32 logits
+  const bf16* embed = nullptr;                   // [vocab, hidden]
+  const bf16* final_norm = nullptr;              // [hidden]
+  Linear lm_head;                                // [vocab, hidden], BF16 GEMM with fp32 logits
   std::vector<LayerWeights> layers;
   int64_t first_local_expert = 0;
   int64_t num_local_experts = 0;

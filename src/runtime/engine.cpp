@@ -8,6 +8,7 @@
 #include <deque>
 #include <limits>
 
+#include "core/check.h"
 #include "kernels/attention.h"
 #include "kernels/sampling.h"
 #include "runtime/requests.h"
@@ -49,7 +50,8 @@ struct Engine::Impl {
     DI_CHECK(opts.max_batch > 0, "max_batch must be positive, got {}", opts.max_batch);
   }
 
-  std::vector<RequestResult> generate(const std::vector<Request>& reqs, const TokenCallback& on_token) {
+  std::vector<RequestResult> generate(const std::vector<Request>& reqs,
+                                      const TokenCallback& on_token) {
     const auto& cfg = model.config();
     const int64_t V = cfg.vocab_size;
     // Agreed before the first step: a rank that threw here alone would leave its peers waiting
@@ -156,7 +158,8 @@ struct Engine::Impl {
             res.routing[l].insert(res.routing[l].end(), rt.topk[l].begin() + tok_off * K,
                                   rt.topk[l].begin() + (tok_off + c.num_tokens) * K);
             for (int64_t j = 0; j < c.num_tokens; ++j)
-              res.min_router_margin = std::min(res.min_router_margin, rt.margins[l][size_t(tok_off + j)]);
+              res.min_router_margin =
+                  std::min(res.min_router_margin, rt.margins[l][size_t(tok_off + j)]);
           }
         }
         tok_off += c.num_tokens;
@@ -204,7 +207,8 @@ struct Engine::Impl {
           const int32_t tok = tokens[size_t(b)];
           res.tokens.push_back(tok);
           if (on_token) on_token(a.req->id, tok);
-          const bool stop = std::find(a.req->stop_ids.begin(), a.req->stop_ids.end(), tok) != a.req->stop_ids.end();
+          const bool stop = std::find(a.req->stop_ids.begin(), a.req->stop_ids.end(), tok) !=
+                            a.req->stop_ids.end();
           if (stop || int64_t(res.tokens.size()) >= a.req->max_new_tokens) {
             res.finish_reason = stop ? "stop" : "length";
             a.done = true;
@@ -221,11 +225,13 @@ struct Engine::Impl {
   }
 };
 
-Engine::Engine(std::shared_ptr<const model::ModelWeights> weights, Group& group, const EngineOptions& opts)
+Engine::Engine(std::shared_ptr<const model::ModelWeights> weights, Group& group,
+               const EngineOptions& opts)
     : impl_(std::make_unique<Impl>(std::move(weights), group, opts)) {}
 Engine::~Engine() = default;
 
-std::vector<RequestResult> Engine::generate(const std::vector<Request>& requests, const TokenCallback& on_token) {
+std::vector<RequestResult> Engine::generate(const std::vector<Request>& requests,
+                                            const TokenCallback& on_token) {
   return impl_->generate(requests, on_token);
 }
 model::DeepseekModel& Engine::model() { return impl_->model; }
@@ -316,7 +322,8 @@ std::vector<RequestResult> gather_results(Group& group, const std::vector<Reques
       out.push_back(std::move(x));
     }
   }
-  std::sort(out.begin(), out.end(), [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+  std::sort(out.begin(), out.end(),
+            [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
   return out;
 }
 

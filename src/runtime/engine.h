@@ -1,7 +1,7 @@
-// The engine (docs/architecture.md §6): prefill + decode with the paged latent cache, batches of sequences,
-// sampling, stop tokens and a streaming callback. Data-parallel attention: each rank runs its own
-// requests (possibly none) and every rank steps until no rank has work left (one small MAX
-// all_reduce per step), so every rank joins every MoE layer.
+// The engine (docs/architecture.md §6): prefill + decode with the paged latent cache, batches of
+// sequences, sampling, stop tokens and a streaming callback. Data-parallel attention: each rank
+// runs its own requests (possibly none) and every rank steps until no rank has work left (one small
+// MAX all_reduce per step), so every rank joins every MoE layer.
 #pragma once
 
 #include <deepinfer/comm.h>
@@ -24,8 +24,8 @@ struct SamplingConfig {
 };
 
 struct Request {
-  int64_t id = 0;                 // the caller's index (e.g. the prompt's line)
-  std::vector<int32_t> prompt;    // token ids (BOS included if the model wants one)
+  int64_t id = 0;               // the caller's index (e.g. the prompt's line)
+  std::vector<int32_t> prompt;  // token ids (BOS included if the model wants one)
   int64_t max_new_tokens = 64;
   SamplingConfig sampling;
   std::vector<int32_t> stop_ids;  // generation ends after one of these (kept in the output)
@@ -34,13 +34,13 @@ struct Request {
 
 struct RequestResult {
   int64_t id = 0;
-  std::vector<int32_t> tokens;    // generated ids
-  std::string finish_reason;      // "stop" | "length"
-  int64_t num_positions = 0;      // record: prompt + generated - 1 positions
-  std::vector<float> logits;      // record: [num_positions, V] f32
-  std::vector<int64_t> moe_layers;              // record: MoE layer indices
-  std::vector<std::vector<int64_t>> routing;    // record: per MoE layer [num_positions, K]
-  float min_router_margin = 0;    // record: smallest router selection margin seen (+inf if none)
+  std::vector<int32_t> tokens;                // generated ids
+  std::string finish_reason;                  // "stop" | "length"
+  int64_t num_positions = 0;                  // record: prompt + generated - 1 positions
+  std::vector<float> logits;                  // record: [num_positions, V] f32
+  std::vector<int64_t> moe_layers;            // record: MoE layer indices
+  std::vector<std::vector<int64_t>> routing;  // record: per MoE layer [num_positions, K]
+  float min_router_margin = 0;  // record: smallest router selection margin seen (+inf if none)
 };
 
 // Called on the rank that owns the request, once per generated token.
@@ -63,14 +63,16 @@ struct EngineStats {
 
 class Engine {
  public:
-  Engine(std::shared_ptr<const model::ModelWeights> weights, Group& group, const EngineOptions& opts);
+  Engine(std::shared_ptr<const model::ModelWeights> weights, Group& group,
+         const EngineOptions& opts);
   ~Engine();
 
   // Collective: every rank calls it (with its own requests, possibly none) and it returns when
   // all ranks are done. Results are this rank's requests, in request order. The requests are
   // checked (request_problem) before the first step and the ranks agree on the outcome: one bad
   // request on any rank is the same Error on every rank, and no rank is left waiting.
-  std::vector<RequestResult> generate(const std::vector<Request>& requests, const TokenCallback& on_token = {});
+  std::vector<RequestResult> generate(const std::vector<Request>& requests,
+                                      const TokenCallback& on_token = {});
 
   model::DeepseekModel& model();
   const EngineStats& stats() const;

@@ -1,7 +1,6 @@
 #include "runtime/launch.h"
 
 #include <deepinfer/error.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "core/check.h"
 #include "core/env.h"
 #include "core/thread_pool.h"
 #include "kernels/registry.h"

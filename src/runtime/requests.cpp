@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/check.h"
+
 namespace deepinfer::runtime {
 
 std::string sampling_problem(const SamplingConfig& s, const SamplingNames& names) {
@@ -75,12 +77,14 @@ std::vector<Prompt> read_prompts_file(const std::string& path, std::istream& std
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec))
       DI_FAIL(
-          "--prompts-file {} is a folder; give a text file with one prompt per line (or - for stdin)",
+          "--prompts-file {} is a folder; give a text file with one prompt per line (or - for "
+          "stdin)",
           path);
     std::ifstream in(path);
     if (!in)
       DI_FAIL(
-          "cannot read --prompts-file {}: {}; give a text file with one prompt per line (or - for stdin)",
+          "cannot read --prompts-file {}: {}; give a text file with one prompt per line (or - for "
+          "stdin)",
           path, std::strerror(errno));
     prompts = read_prompts(in);
   }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "tokenizer/utf8.h"
 

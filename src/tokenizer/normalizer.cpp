@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
+
 #if DEEPINFER_HAVE_ICU
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
+
 namespace deepinfer {
 
 const char* const kGpt2Pattern =

@@ -6,6 +6,8 @@
 
 #include <memory>
 
+#include "core/check.h"
+
 namespace deepinfer {
 namespace {
 

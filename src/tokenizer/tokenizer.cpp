@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/normalizer.h"

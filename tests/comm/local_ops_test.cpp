@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "comm/local/local_group.h"
+#include "core/check.h"
 #include "test_util.h"
 
 namespace deepinfer {
@@ -372,7 +373,8 @@ TEST(LocalGroup, BackToBackSmallCollectivesNeverMixCalls) {
         for (size_t i = 0; i < count; ++i) mine[i] = int64_t(it) * 1000003 + me * 1009 + int64_t(i);
         g.all_gather(mine.data(), all.data(), count * 8, DType::u8);
         for (int r = 0; r < n; ++r)
-          if (all[size_t(r) * count + count - 1] != int64_t(it) * 1000003 + r * 1009 + int64_t(count - 1))
+          if (all[size_t(r) * count + count - 1] !=
+              int64_t(it) * 1000003 + r * 1009 + int64_t(count - 1))
             bad.add(fmt::format("all_gather it {} rank {} block {}", it, me, r));
         std::vector<int64_t> sum(count, int64_t(it) + me);
         g.all_reduce(sum.data(), count, DType::i64, ReduceOp::sum);
@@ -380,7 +382,8 @@ TEST(LocalGroup, BackToBackSmallCollectivesNeverMixCalls) {
           bad.add(fmt::format("all_reduce it {} rank {}: {}", it, me, sum[0]));
         std::vector<int64_t> b(count, me == it % n ? int64_t(it) : -1);
         g.broadcast(b.data(), count, DType::i64, it % n);
-        if (b[0] != it || b[count - 1] != it) bad.add(fmt::format("broadcast it {} rank {}: {}", it, me, b[0]));
+        if (b[0] != it || b[count - 1] != it)
+          bad.add(fmt::format("broadcast it {} rank {}: {}", it, me, b[0]));
       }
     });
     EXPECT_TRUE(bad.none()) << "world " << n;

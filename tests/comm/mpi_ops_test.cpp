@@ -8,6 +8,7 @@
 
 #include "comm/mpi/mpi_group.h"
 #include "comm/platform.h"
+#include "core/check.h"
 #include "test_util.h"
 
 namespace deepinfer {
@@ -144,8 +145,8 @@ void check_all_ops(Group& g, size_t count) {
     const size_t rows_out = size_t(offsets.back());
     std::vector<std::byte> packed(rows_out * kRow), base(rows_out * kRow + kRow);
     for (int j = 0; j < n; ++j)
-      test::fill_payload(packed.data() + size_t(offsets[size_t(j)]) * kRow, split(me, j) * kRow, 1, uint64_t(me),
-                         uint64_t(j) + 100);
+      test::fill_payload(packed.data() + size_t(offsets[size_t(j)]) * kRow, split(me, j) * kRow, 1,
+                         uint64_t(me), uint64_t(j) + 100);
     std::vector<int64_t> rows(rows_out);
     for (size_t q = 0; q < rows_out; ++q) {
       rows[q] = int64_t(rows_out - q);  // base row 0 is never sent

@@ -3,7 +3,6 @@
 #include "comm/platform.h"
 
 #include <gtest/gtest.h>
-
 #include <sched.h>
 
 #include <cstdio>
@@ -12,6 +11,7 @@
 #include <map>
 
 #include "comm/capabilities.h"
+#include "core/check.h"
 #include "core/env.h"
 #include "test_util.h"
 
@@ -128,7 +128,8 @@ TEST(Platform, LocalRankThreadsKnowTheirPlace) {
 }
 
 TEST(Platform, CpuShareSplitsTheListedCpusIntoContiguousRuns) {
-  const std::vector<int> cpus{0, 1, 2, 3, 4, 5, 8, 9, 10, 11};  // 10 CPUs, a gap as a cpuset may leave
+  const std::vector<int> cpus{0, 1, 2, 3,  4,
+                              5, 8, 9, 10, 11};  // 10 CPUs, a gap as a cpuset may leave
   // 10 over 4 ranks: 3, 3, 2, 2 — every CPU once, in order.
   std::vector<int> joined;
   for (int r = 0; r < 4; ++r) {
@@ -163,10 +164,13 @@ TEST(Platform, LocalRankThreadsRunOnTheirShareOfTheCpus) {
     set_knobs(k);
     for (int world : {2, int(cpus.size()), int(cpus.size()) + 1}) {
       std::vector<std::vector<int>> seen(static_cast<size_t>(world));
-      run_ranks(test::local_opts(world), [&](Group& g) { seen[size_t(g.rank())] = allowed_cpus(); });
+      run_ranks(test::local_opts(world),
+                [&](Group& g) { seen[size_t(g.rank())] = allowed_cpus(); });
       for (int r = 0; r < world; ++r) {
-        const std::vector<int> expected = pin && world <= int(cpus.size()) ? cpu_share(cpus, r, world) : cpus;
-        EXPECT_EQ(seen[size_t(r)], expected) << "pin " << pin << " world " << world << " rank " << r;
+        const std::vector<int> expected =
+            pin && world <= int(cpus.size()) ? cpu_share(cpus, r, world) : cpus;
+        EXPECT_EQ(seen[size_t(r)], expected)
+            << "pin " << pin << " world " << world << " rank " << r;
       }
     }
   }

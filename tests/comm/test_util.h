@@ -54,7 +54,8 @@ inline int expose_mismatches(Group& g, int* staged = nullptr) {
     };
     std::vector<std::vector<std::byte>> mine;
     std::vector<std::span<const std::byte>> regions;
-    for (size_t i = 0; i < 3; ++i) mine.push_back(payload(size_of(me, i), 1, round * 10 + i, uint64_t(me)));
+    for (size_t i = 0; i < 3; ++i)
+      mine.push_back(payload(size_of(me, i), 1, round * 10 + i, uint64_t(me)));
     for (const auto& m : mine) regions.emplace_back(m.data(), m.size());
     if (std::byte* at = g.expose_staging(mine[0].size())) {
       std::memcpy(at, mine[0].data(), mine[0].size());
@@ -67,7 +68,8 @@ inline int expose_mismatches(Group& g, int* staged = nullptr) {
     for (int r = 0; r < n; ++r)
       for (size_t i = 0; i < 3; ++i) {
         const auto want = payload(size_of(r, i), 1, round * 10 + i, uint64_t(r));
-        bad += !want.empty() && std::memcmp(peers[size_t(r) * 3 + i], want.data(), want.size()) != 0;
+        bad +=
+            !want.empty() && std::memcmp(peers[size_t(r) * 3 + i], want.data(), want.size()) != 0;
       }
     g.barrier();
   }
@@ -85,7 +87,8 @@ inline int expose_writable_mismatches(Group& g) {
   for (uint64_t round = 1; round <= 2; ++round) {
     std::vector<std::vector<std::byte>> mine;
     std::vector<std::span<std::byte>> regions;
-    for (size_t i = 0; i < 2; ++i) mine.push_back(payload(bytes, 1, round * 10 + i, 1000 + uint64_t(me)));
+    for (size_t i = 0; i < 2; ++i)
+      mine.push_back(payload(bytes, 1, round * 10 + i, 1000 + uint64_t(me)));
     for (auto& m : mine) regions.emplace_back(m.data(), m.size());
     std::byte* staged = round == 2 ? g.expose_staging(bytes) : nullptr;
     if (staged) {

@@ -1,6 +1,8 @@
 // Tests of the conformance suite itself: its closed-form reduction results against brute force,
 // its payloads' coverage of awkward values, and, with a wrapper that plants one bug per op,
 // that the suite fails exactly that op (a suite that cannot fail proves nothing).
+#include "comm/conformance/conformance.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/conformance/conformance.h"
 #include "comm/conformance/patterns.h"
 #include "comm/conformance/reduce_gen.h"
 
@@ -35,7 +36,8 @@ void check_closed_form(int world, ReduceOp op) {
   for (size_t i = 0; i < 4000; ++i) {
     const auto t = gen.terms(i);
     std::vector<T> v(static_cast<size_t>(world));
-    for (int r = 0; r < world; ++r) v[size_t(r)] = gen.value(t, int((size_t(r) + i) % size_t(world)));
+    for (int r = 0; r < world; ++r)
+      v[size_t(r)] = gen.value(t, int((size_t(r) + i) % size_t(world)));
     T want{};
     if (op == ReduceOp::sum) {
       if constexpr (std::is_floating_point_v<T>) {
@@ -55,14 +57,16 @@ void check_closed_form(int world, ReduceOp op) {
       want = v[0];
       for (T x : v) want = op == ReduceOp::max ? std::max(want, x) : std::min(want, x);
     }
-    ASSERT_EQ(bits(gen.expected(t)), bits(want)) << "world " << world << " op " << int(op) << " i " << i;
+    ASSERT_EQ(bits(gen.expected(t)), bits(want))
+        << "world " << world << " op " << int(op) << " i " << i;
     for (T x : v) {
       if constexpr (std::is_floating_point_v<T>) {
         denormals += std::fpclassify(x) == FP_SUBNORMAL;
         neg_zeros += x == T(0) && std::signbit(x);
         huge += std::fabs(x) > std::ldexp(T(1), std::numeric_limits<T>::max_exponent - 30);
       } else {
-        huge += x > std::numeric_limits<T>::max() / 4 * 3 || x < std::numeric_limits<T>::min() / 4 * 3;
+        huge +=
+            x > std::numeric_limits<T>::max() / 4 * 3 || x < std::numeric_limits<T>::min() / 4 * 3;
       }
     }
   }
@@ -116,7 +120,8 @@ TEST(Patterns, FillMatchesPatternAndBlocksDiffer) {
     std::vector<std::byte> buf(100 * dtype_size(dt));
     fill_pattern(buf.data(), 100, dt, 77);
     for (size_t i = 0; i < 100; ++i)
-      EXPECT_EQ(load_bits(buf.data() + i * dtype_size(dt), dtype_size(dt)), pattern_bits(dt, 77 + i));
+      EXPECT_EQ(load_bits(buf.data() + i * dtype_size(dt), dtype_size(dt)),
+                pattern_bits(dt, 77 + i));
   }
   std::set<uint64_t> seeds;
   for (int s = 0; s < 64; ++s)
@@ -125,21 +130,42 @@ TEST(Patterns, FillMatchesPatternAndBlocksDiffer) {
 }
 
 // One planted bug per op, on rank 1 (or every rank where the bug needs it).
-enum class Bug { none, ag_bitflip, agv_last, ar_ulp, rs_ulp, a2a_swap, a2av_overrun, bcast_root0, barrier_noop, send_write };
+enum class Bug {
+  none,
+  ag_bitflip,
+  agv_last,
+  ar_ulp,
+  rs_ulp,
+  a2a_swap,
+  a2av_overrun,
+  bcast_root0,
+  barrier_noop,
+  send_write
+};
 
 // The test name of each planted bug (gtest names: letters, digits and '_').
 const char* bug_name(Bug bug) {
   switch (bug) {
-    case Bug::none: return "none";
-    case Bug::ag_bitflip: return "all_gather_bitflip";
-    case Bug::agv_last: return "all_gather_v_last";
-    case Bug::ar_ulp: return "all_reduce_ulp";
-    case Bug::rs_ulp: return "reduce_scatter_ulp";
-    case Bug::a2a_swap: return "all_to_all_swap";
-    case Bug::a2av_overrun: return "all_to_all_v_overrun";
-    case Bug::bcast_root0: return "broadcast_root0";
-    case Bug::barrier_noop: return "barrier_noop";
-    case Bug::send_write: return "send_buffer_write";
+    case Bug::none:
+      return "none";
+    case Bug::ag_bitflip:
+      return "all_gather_bitflip";
+    case Bug::agv_last:
+      return "all_gather_v_last";
+    case Bug::ar_ulp:
+      return "all_reduce_ulp";
+    case Bug::rs_ulp:
+      return "reduce_scatter_ulp";
+    case Bug::a2a_swap:
+      return "all_to_all_swap";
+    case Bug::a2av_overrun:
+      return "all_to_all_v_overrun";
+    case Bug::bcast_root0:
+      return "broadcast_root0";
+    case Bug::barrier_noop:
+      return "barrier_noop";
+    case Bug::send_write:
+      return "send_buffer_write";
   }
   return "unknown";
 }
@@ -156,10 +182,11 @@ class BuggyGroup final : public Group {
     g_.all_gather(send, recv, count, dtype);
     if (bug_ == Bug::ag_bitflip && rank() == 1 && count > 0 && dtype == DType::f64)
       static_cast<std::byte*>(recv)[3] ^= std::byte{1};
-    if (bug_ == Bug::send_write && count > 0 && dtype == DType::bf16) std::memset(const_cast<void*>(send), 0, 1);
+    if (bug_ == Bug::send_write && count > 0 && dtype == DType::bf16)
+      std::memset(const_cast<void*>(send), 0, 1);
   }
-  void all_gather_v(const void* send, size_t send_count, void* recv, std::span<const size_t> recv_counts,
-                    DType dtype) override {
+  void all_gather_v(const void* send, size_t send_count, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override {
     g_.all_gather_v(send, send_count, recv, recv_counts, dtype);
     size_t total = 0;
     for (size_t c : recv_counts) total += c;
@@ -175,7 +202,8 @@ class BuggyGroup final : public Group {
   }
   void reduce_scatter(const float* send, float* recv, size_t count) override {
     g_.reduce_scatter(send, recv, count);
-    if (bug_ == Bug::rs_ulp && rank() == 1 && count > 0) recv[0] = std::nextafter(recv[0], INFINITY);
+    if (bug_ == Bug::rs_ulp && rank() == 1 && count > 0)
+      recv[0] = std::nextafter(recv[0], INFINITY);
   }
   void all_to_all(const void* send, void* recv, size_t count, DType dtype) override {
     g_.all_to_all(send, recv, count, dtype);
@@ -189,7 +217,8 @@ class BuggyGroup final : public Group {
     g_.all_to_all_v(send, send_counts, recv, recv_counts, dtype);
     size_t total = 0;
     for (size_t c : recv_counts) total += c;
-    if (bug_ == Bug::a2av_overrun && rank() == 1) static_cast<std::byte*>(recv)[total * dtype_size(dtype)] = std::byte{0};
+    if (bug_ == Bug::a2av_overrun && rank() == 1)
+      static_cast<std::byte*>(recv)[total * dtype_size(dtype)] = std::byte{0};
   }
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
     g_.broadcast(buf, count, dtype, bug_ == Bug::bcast_root0 ? 0 : root);
@@ -234,7 +263,7 @@ TEST(Suite, PassesOnAHealthyBackend) {
 struct BugCase {
   Bug bug;
   const char* op;
-  const char* detail;        // must appear in the failing case's detail
+  const char* detail;          // must appear in the failing case's detail
   const char* also = nullptr;  // an op built on the broken one, which must fail too
 };
 
@@ -251,22 +280,25 @@ TEST_P(SuiteCatches, ExactlyTheBrokenOp) {
   if (bc.also) expected.insert(bc.also);
   EXPECT_EQ(failed_ops(r), expected) << format_report(r);
   bool found = false;
-  for (const auto& c : r.cases) found |= !c.passed() && c.detail.find(bc.detail) != std::string::npos;
-  EXPECT_TRUE(found) << "no failing " << bc.op << " case mentions '" << bc.detail << "'\n" << format_report(r);
+  for (const auto& c : r.cases)
+    found |= !c.passed() && c.detail.find(bc.detail) != std::string::npos;
+  EXPECT_TRUE(found) << "no failing " << bc.op << " case mentions '" << bc.detail << "'\n"
+                     << format_report(r);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Bugs, SuiteCatches,
-    ::testing::Values(BugCase{Bug::ag_bitflip, "all_gather", "first on rank 1 at src rank 0 index 0"},
-                      BugCase{Bug::agv_last, "all_gather_v", "first on rank 1 at src rank 3"},
-                      BugCase{Bug::ar_ulp, "all_reduce", "1 wrong elements, first on rank 1 at index"},
-                      BugCase{Bug::rs_ulp, "reduce_scatter", "first on rank 1 at index 0"},
-                      BugCase{Bug::a2a_swap, "all_to_all", "first on rank 1 at src rank 0 index 0"},
-                      BugCase{Bug::a2av_overrun, "all_to_all_v", "rank 1 found bytes written past the end",
-                              "all_to_all_v_rows"},  // the Group default packs, then all_to_all_v
-                      BugCase{Bug::bcast_root0, "broadcast", "wrong elements"},
-                      BugCase{Bug::barrier_noop, "barrier", "left the barrier"},
-                      BugCase{Bug::send_write, "all_gather", "send buffer was modified"}),
+    ::testing::Values(
+        BugCase{Bug::ag_bitflip, "all_gather", "first on rank 1 at src rank 0 index 0"},
+        BugCase{Bug::agv_last, "all_gather_v", "first on rank 1 at src rank 3"},
+        BugCase{Bug::ar_ulp, "all_reduce", "1 wrong elements, first on rank 1 at index"},
+        BugCase{Bug::rs_ulp, "reduce_scatter", "first on rank 1 at index 0"},
+        BugCase{Bug::a2a_swap, "all_to_all", "first on rank 1 at src rank 0 index 0"},
+        BugCase{Bug::a2av_overrun, "all_to_all_v", "rank 1 found bytes written past the end",
+                "all_to_all_v_rows"},  // the Group default packs, then all_to_all_v
+        BugCase{Bug::bcast_root0, "broadcast", "wrong elements"},
+        BugCase{Bug::barrier_noop, "barrier", "left the barrier"},
+        BugCase{Bug::send_write, "all_gather", "send buffer was modified"}),
     [](const auto& info) { return std::string(bug_name(info.param.bug)); });
 
 }  // namespace

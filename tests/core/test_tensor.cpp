@@ -182,7 +182,8 @@ TEST(TensorStorage, LargeBlocksAreReusedNotShared) {
   std::fill_n(b.data<float>(), b.numel(), 1.0f);
   Tensor c = Tensor::empty(DType::f32, shape);
   EXPECT_EQ(c.raw(), released);
-  EXPECT_EQ(detail::host_alloc_idle_bytes(), idle_live) << "the reuse did not take the block from the cache";
+  EXPECT_EQ(detail::host_alloc_idle_bytes(), idle_live)
+      << "the reuse did not take the block from the cache";
   // zeros() clears a reused block.
   std::fill_n(c.data<float>(), c.numel(), 1.0f);
   c = Tensor();
@@ -199,7 +200,8 @@ TEST(TensorStorage, MidSizeBlocksAreCachedToo) {
   const void* at = a.raw();
   const size_t idle_live = detail::host_alloc_idle_bytes();
   a = Tensor();
-  EXPECT_GE(detail::host_alloc_idle_bytes(), idle_live + size_t(1024 * 56 * 4)) << "the freed block was not kept";
+  EXPECT_GE(detail::host_alloc_idle_bytes(), idle_live + size_t(1024 * 56 * 4))
+      << "the freed block was not kept";
   Tensor again = Tensor::empty(DType::f32, shape);
   EXPECT_EQ(again.raw(), at);
 }
@@ -213,7 +215,7 @@ TEST(TensorStorage, AThreadTakesBackItsOwnBlockFirst) {
   Tensor b = Tensor::empty(DType::f32, shape);
   const void* a_at = a.raw();
   const void* b_at = b.raw();
-  a = Tensor();                                // freed by this thread
+  a = Tensor();                               // freed by this thread
   std::thread([&] { b = Tensor(); }).join();  // freed later, by another thread
   Tensor again = Tensor::empty(DType::f32, shape);
   EXPECT_EQ(again.raw(), a_at);
@@ -237,7 +239,8 @@ TEST(HostMemory, FreedBlocksStayMappedAfterKeepFreedHostMemory) {
   getrusage(RUSAGE_THREAD, &before);
   for (int i = 0; i < 20; ++i) sink += cycle();
   getrusage(RUSAGE_THREAD, &after);
-  EXPECT_LT(after.ru_minflt - before.ru_minflt, 64) << "freed memory went back to the OS (sink " << sink << ")";
+  EXPECT_LT(after.ru_minflt - before.ru_minflt, 64)
+      << "freed memory went back to the OS (sink " << sink << ")";
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ class ScopedFault {
   Knobs saved_;
 };
 
-DiffRow make_row(std::string op, uint64_t index, double rel_err, double tol, int64_t nonfinite = 0) {
+DiffRow make_row(std::string op, uint64_t index, double rel_err, double tol,
+                 int64_t nonfinite = 0) {
   DiffRow r;
   r.op = std::move(op);
   r.index = index;
@@ -58,9 +59,11 @@ TEST(DiffCompare, ClosedForms) {
   EXPECT_EQ(d.over_tol, 1);  // only element 2 (0.5 > 1e-3 · rms 2.5)
   EXPECT_EQ(d.nonfinite, 0);
 
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   const std::vector<float> b2{1.0f, inf, 2.0f, -inf};
-  const std::vector<float> a2{1.0f, inf, nan, inf};  // inf==inf ok; NaN and -inf vs inf are mismatches
+  const std::vector<float> a2{1.0f, inf, nan,
+                              inf};  // inf==inf ok; NaN and -inf vs inf are mismatches
   const BufferDiff d2 = compare_buffer(DType::f32, a2.data(), b2.data(), 4, 1e-3);
   EXPECT_EQ(d2.nonfinite, 2);
   EXPECT_EQ(d2.nan_a, 1);
@@ -78,10 +81,10 @@ TEST(DiffCompare, ClosedForms) {
 
 TEST(DiffRank, NanFirstThenScore) {
   std::vector<DiffRow> rows(4);
-  rows[0] = make_row("a", 0, 1e-3, 2e-3);     // score 0.5
-  rows[1] = make_row("b", 3, 1e-4, 1e-5);     // score 10
-  rows[2] = make_row("c", 1, 0, 1e-5, 2);     // NaN: first
-  rows[3] = make_row("d", 2, 0.25, 0);        // exact op differs
+  rows[0] = make_row("a", 0, 1e-3, 2e-3);  // score 0.5
+  rows[1] = make_row("b", 3, 1e-4, 1e-5);  // score 10
+  rows[2] = make_row("c", 1, 0, 1e-5, 2);  // NaN: first
+  rows[3] = make_row("d", 2, 0.25, 0);     // exact op differs
   const DiffReport rep = make_report(rows);
   ASSERT_EQ(rep.ranked.size(), 4u);
   EXPECT_EQ(rep.ranked[0].op, "c");
@@ -139,7 +142,8 @@ TEST(DiffMerge, GatherOverRanks) {
   run_ranks(lo, [&](Group& g) {
     DiffRankScope bind(rec, g.rank());
     ScopedBackend cpu(KernelBackend::cpu);
-    if (g.rank() == 1) testing::run_driver_pass(5);
+    if (g.rank() == 1)
+      testing::run_driver_pass(5);
     else {
       reset_call_counters();
       KernelTag t("rank0");

@@ -113,7 +113,8 @@ TEST_P(DiffModelFault, FaultedCallRanksFirst) {
   EXPECT_FALSE(rep.ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, DiffModelFault, ::testing::Values("gemm", "mla_decode", "rms_norm", "router"),
+INSTANTIATE_TEST_SUITE_P(Ops, DiffModelFault,
+                         ::testing::Values("gemm", "mla_decode", "rms_norm", "router"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -27,7 +27,8 @@ class CountingGroup final : public GroupDecorator {
     ++calls["all_gather"];
     GroupDecorator::all_gather(s, r, n, t);
   }
-  void all_gather_v(const void* s, size_t n, void* r, std::span<const size_t> rc, DType t) override {
+  void all_gather_v(const void* s, size_t n, void* r, std::span<const size_t> rc,
+                    DType t) override {
     ++calls["all_gather_v"];
     GroupDecorator::all_gather_v(s, n, r, rc, t);
   }
@@ -62,11 +63,13 @@ class CountingGroup final : public GroupDecorator {
     ++calls["barrier"];
     GroupDecorator::barrier();
   }
-  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override {
+  void expose(std::span<const std::span<const std::byte>> regions,
+              std::vector<const std::byte*>& peers) override {
     ++calls["expose"];
     GroupDecorator::expose(regions, peers);
   }
-  void expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) override {
+  void expose_writable(std::span<const std::span<std::byte>> regions,
+                       std::vector<std::byte*>& peers) override {
     ++calls["expose_writable"];
     GroupDecorator::expose_writable(regions, peers);
   }
@@ -87,7 +90,8 @@ class NoA2avGroup final : public GroupDecorator {
     c.all_to_all_v = false;
     return c;
   }
-  void all_to_all_v(const void*, std::span<const size_t>, void*, std::span<const size_t>, DType) override {
+  void all_to_all_v(const void*, std::span<const size_t>, void*, std::span<const size_t>,
+                    DType) override {
     throw Error("NoA2avGroup: all_to_all_v called although capabilities() distrust it");
   }
   void all_to_all_v_rows(const void*, size_t, std::span<const int64_t>, std::span<const int64_t>,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/thread_pool.h"
 #include "counting_group.h"
 #include "ep/check_ep.h"
@@ -99,10 +100,14 @@ TEST(EpLayout, CountsMatchHandComputed) {
     EXPECT_EQ(l.num_tokens_per_expert, (std::vector<int64_t>{1, 1, 0, 0, 0, 1, 0, 1}));
     EXPECT_EQ(l.is_token_in_rank, (std::vector<uint8_t>{1, 1, 0, 0, 0, 1}));
     std::vector<int64_t> rep{3, 3, -1, -1};
-    EXPECT_NE(error_of([&] { buf.layout(Tensor::borrow(rep.data(), DType::i64, {1, 4})); }).find("repeats expert 3"),
+    EXPECT_NE(error_of([&] {
+                buf.layout(Tensor::borrow(rep.data(), DType::i64, {1, 4}));
+              }).find("repeats expert 3"),
               std::string::npos);
     std::vector<int64_t> oor{8, -1, -1, -1};
-    EXPECT_NE(error_of([&] { buf.layout(Tensor::borrow(oor.data(), DType::i64, {1, 4})); }).find("out of range"),
+    EXPECT_NE(error_of([&] {
+                buf.layout(Tensor::borrow(oor.data(), DType::i64, {1, 4}));
+              }).find("out of range"),
               std::string::npos);
   });
 }
@@ -127,19 +132,25 @@ std::string dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_
   EXPECT_EQ(out.x.nbytes(), ex.x.size());
   EXPECT_EQ(std::memcmp(out.x.raw(), ex.x.data(), std::min(out.x.nbytes(), ex.x.size())), 0);
   EXPECT_EQ(size_t(out.src.numel()), ex.src.size());
-  EXPECT_EQ(std::memcmp(out.src.raw(), ex.src.data(), std::min(out.src.nbytes(), ex.src.size() * 8)), 0);
+  EXPECT_EQ(
+      std::memcmp(out.src.raw(), ex.src.data(), std::min(out.src.nbytes(), ex.src.size() * 8)), 0);
   if (cfg.dispatch_dtype == DispatchDType::fp8) {
     EXPECT_EQ(out.scales.nbytes(), ex.scales.size() * 4);
-    EXPECT_EQ(std::memcmp(out.scales.raw(), ex.scales.data(), std::min(out.scales.nbytes(), ex.scales.size() * 4)), 0);
+    EXPECT_EQ(std::memcmp(out.scales.raw(), ex.scales.data(),
+                          std::min(out.scales.nbytes(), ex.scales.size() * 4)),
+              0);
   }
-  EXPECT_EQ(std::vector<int64_t>(out.topk_idx.data<int64_t>(), out.topk_idx.data<int64_t>() + out.topk_idx.numel()),
+  EXPECT_EQ(std::vector<int64_t>(out.topk_idx.data<int64_t>(),
+                                 out.topk_idx.data<int64_t>() + out.topk_idx.numel()),
             ex.topk_idx);
-  EXPECT_EQ(std::vector<float>(out.topk_weights.data<float>(), out.topk_weights.data<float>() + out.topk_weights.numel()),
+  EXPECT_EQ(std::vector<float>(out.topk_weights.data<float>(),
+                               out.topk_weights.data<float>() + out.topk_weights.numel()),
             ex.weights);
   EXPECT_EQ(out.num_recv_tokens_per_expert_aligned, ex.count_aligned);
   const DispatchOutput cached = buf.dispatch(in.x, in.scales, out.handle);
   EXPECT_EQ(cached.x.nbytes(), out.x.nbytes());
-  EXPECT_EQ(std::memcmp(cached.x.raw(), out.x.raw(), std::min(cached.x.nbytes(), out.x.nbytes())), 0);
+  EXPECT_EQ(std::memcmp(cached.x.raw(), out.x.raw(), std::min(cached.x.nbytes(), out.x.nbytes())),
+            0);
 
   const int64_t rows = out.src.numel(), h = cfg.hidden, m = cfg.num_max_tokens_per_rank;
   Tensor y = Tensor::empty(DType::bf16, {rows, h});
@@ -148,22 +159,25 @@ std::string dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_
     for (int64_t c = 0; c < h; ++c)
       y.data<uint16_t>()[i * h + c] =
           gid < 0 ? uint16_t(0x3f80)
-                  : ep::ref::y_value(seed, offset[size_t(gid / m)] + gid % m,
-                                     cfg.expand ? me * (cfg.num_experts / w) + out.topk_idx.data<int64_t>()[i]
-                                                : cfg.num_experts + me,
-                                     int(c));
+                  : ep::ref::y_value(
+                        seed, offset[size_t(gid / m)] + gid % m,
+                        cfg.expand ? me * (cfg.num_experts / w) + out.topk_idx.data<int64_t>()[i]
+                                   : cfg.num_experts + me,
+                        int(c));
   }
   if (before_combine) before_combine();
   const CombineOutput comb = buf.combine(y, out.handle);
   const ep::ref::ExpectedCombine ec = ep::ref::expected_combine(all, cfg, w, me, seed, offset);
   EXPECT_EQ(comb.x.nbytes(), ec.x.size() * 2);
-  EXPECT_EQ(std::memcmp(comb.x.raw(), ec.x.data(), std::min(comb.x.nbytes(), ec.x.size() * 2)), 0) << cfg.describe();
+  EXPECT_EQ(std::memcmp(comb.x.raw(), ec.x.data(), std::min(comb.x.nbytes(), ec.x.size() * 2)), 0)
+      << cfg.describe();
   EXPECT_EQ(std::memcmp(comb.topk_weights.raw(), ec.weights.data(), ec.weights.size() * 4), 0);
   return lowering;
 }
 
 // Runs body on every rank of a local world through a CountingGroup; the calls of all ranks.
-std::map<std::string, int> count_calls(int world, const std::function<void(test::CountingGroup&)>& body) {
+std::map<std::string, int> count_calls(int world,
+                                       const std::function<void(test::CountingGroup&)>& body) {
   std::mutex mu;
   std::map<std::string, int> calls;
   run_local(world, [&](Group& inner) {
@@ -264,7 +278,8 @@ TEST(EpAllToAll, DirectCombineReadsPeersInPlace) {
           cfg.peer_memory = peer_memory ? EpPeerMemory::on : EpPeerMemory::off;
           dispatch_combine_vs_reference(g, cfg, 13, [&] { g.calls.clear(); });
         });
-        SCOPED_TRACE(fmt::format("peer_memory={} combine={} expand={}", peer_memory, to_string(cm), expand));
+        SCOPED_TRACE(
+            fmt::format("peer_memory={} combine={} expand={}", peer_memory, to_string(cm), expand));
         // a2a's combine gathers and reduce-scatters nothing; in place it exchanges nothing either.
         EXPECT_EQ(calls["all_gather"] + calls["all_gather_v"] + calls["reduce_scatter"], 0);
         const int all_to_alls =
@@ -387,18 +402,25 @@ TEST(EpInputPlaces, ReuseWhileAViewLivesIsAnErrorAndRightUseMatchesReference) {
         const ep::ref::ExpectedDispatch ex = ep::ref::expected_dispatch(all, cfg, w, me);
         ASSERT_EQ(out.x.nbytes(), ex.x.size());
         EXPECT_EQ(std::memcmp(out.x.raw(), ex.x.data(), ex.x.size()), 0);
-        EXPECT_EQ(std::memcmp(x.raw(), original_x.raw(), x.nbytes()), 0) << "x is read after dispatch";
+        EXPECT_EQ(std::memcmp(x.raw(), original_x.raw(), x.nbytes()), 0)
+            << "x is read after dispatch";
 
         auto expect_rule = [](const std::string& err, const char* op, const char* place) {
           EXPECT_NE(err.find(fmt::format("ep {} on rank", op)), std::string::npos) << err;
-          EXPECT_NE(err.find(fmt::format("a tensor from {} is still alive", place)), std::string::npos) << err;
+          EXPECT_NE(err.find(fmt::format("a tensor from {} is still alive", place)),
+                    std::string::npos)
+              << err;
         };
         const Tensor ordinary_y = Tensor::zeros(DType::bf16, {out.num_recv_tokens, cfg.hidden});
-        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input", "dispatch_input (x)");
-        expect_rule(error_of([&] { buf.combine(ordinary_y, out.handle); }), "combine", "dispatch_input (x)");
-        expect_rule(error_of([&] { buf.dispatch_input(1); }), "dispatch_input", "dispatch_input (x)");
+        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input",
+                    "dispatch_input (x)");
+        expect_rule(error_of([&] { buf.combine(ordinary_y, out.handle); }), "combine",
+                    "dispatch_input (x)");
+        expect_rule(error_of([&] { buf.dispatch_input(1); }), "dispatch_input",
+                    "dispatch_input (x)");
         x = {};  // DispatchInput::x is a copy: x is still alive
-        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input", "dispatch_input (x)");
+        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input",
+                    "dispatch_input (x)");
         in.x = {};
 
         Tensor y = buf.combine_input(out.handle);
@@ -406,21 +428,25 @@ TEST(EpInputPlaces, ReuseWhileAViewLivesIsAnErrorAndRightUseMatchesReference) {
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t gid = out.src.data<int64_t>()[i];
           for (int64_t c = 0; c < h; ++c)
-            y.data<uint16_t>()[i * h + c] =
-                ep::ref::y_value(seed, offset[size_t(gid / m)] + gid % m, cfg.num_experts + me, int(c));
+            y.data<uint16_t>()[i * h + c] = ep::ref::y_value(
+                seed, offset[size_t(gid / m)] + gid % m, cfg.num_experts + me, int(c));
         }
         const DispatchInput again = all[size_t(me)].as_input(cfg);
         expect_rule(error_of([&] { buf.dispatch(again); }), "dispatch", "combine_input (y)");
-        expect_rule(error_of([&] { buf.dispatch(again.x, again.scales, out.handle); }), "cached dispatch",
+        expect_rule(error_of([&] { buf.dispatch(again.x, again.scales, out.handle); }),
+                    "cached dispatch", "combine_input (y)");
+        expect_rule(error_of([&] { buf.dispatch_input(1); }), "dispatch_input",
                     "combine_input (y)");
-        expect_rule(error_of([&] { buf.dispatch_input(1); }), "dispatch_input", "combine_input (y)");
-        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input", "combine_input (y)");
+        expect_rule(error_of([&] { buf.combine_input(out.handle); }), "combine_input",
+                    "combine_input (y)");
         const CombineOutput comb = buf.combine(y, out.handle);
-        const ep::ref::ExpectedCombine ec = ep::ref::expected_combine(all, cfg, w, me, seed, offset);
+        const ep::ref::ExpectedCombine ec =
+            ep::ref::expected_combine(all, cfg, w, me, seed, offset);
         ASSERT_EQ(comb.x.nbytes(), ec.x.size() * 2);
         EXPECT_EQ(std::memcmp(comb.x.raw(), ec.x.data(), ec.x.size() * 2), 0) << cfg.describe();
         y = {};
-        EXPECT_EQ(buf.dispatch(again).num_recv_tokens, out.num_recv_tokens);  // the places are free again
+        EXPECT_EQ(buf.dispatch(again).num_recv_tokens,
+                  out.num_recv_tokens);  // the places are free again
         EXPECT_TRUE(buf.dispatch_input(1).defined());
       });
 }
@@ -439,8 +465,11 @@ TEST(EpValidation, InvalidInputThrowsOnEveryRank) {
       ++timeouts;
     } catch (const Error& e) {
       ++errors;
-      if (g.rank() == 2) EXPECT_NE(std::string(e.what()).find("repeats expert 2"), std::string::npos) << e.what();
-      else EXPECT_NE(std::string(e.what()).find("rank 2 passed invalid input"), std::string::npos) << e.what();
+      if (g.rank() == 2)
+        EXPECT_NE(std::string(e.what()).find("repeats expert 2"), std::string::npos) << e.what();
+      else
+        EXPECT_NE(std::string(e.what()).find("rank 2 passed invalid input"), std::string::npos)
+            << e.what();
     }
   });
   EXPECT_EQ(errors.load(), 3);

@@ -1,6 +1,6 @@
-// ep::rows against the docs/ep.md §5 formula written with dtype.h's scalar conversions: every column
-// count around the vector widths (16, 32, 64), with and without weights, canon on and off, and
-// values that round, cancel to ±0, overflow to inf and underflow.
+// ep::rows against the docs/ep.md §5 formula written with dtype.h's scalar conversions: every
+// column count around the vector widths (16, 32, 64), with and without weights, canon on and off,
+// and values that round, cancel to ±0, overflow to inf and underflow.
 #include <deepinfer/dtype.h>
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@ namespace deepinfer {
 namespace {
 
 // ((0 + w0·y0) + w1·y1) + ... in f32, bf16 (nearest even), canon: -0 -> +0.
-uint16_t expected(const std::vector<float>& w, const std::vector<std::vector<uint16_t>>& y, size_t c, bool canon,
-                  bool weighted) {
+uint16_t expected(const std::vector<float>& w, const std::vector<std::vector<uint16_t>>& y,
+                  size_t c, bool canon, bool weighted) {
   float acc = 0.0f;
   for (size_t s = 0; s < y.size(); ++s) {
     const float v = bf16_to_f32(bf16{y[s][c]});
@@ -51,7 +51,8 @@ struct RandomRows {
 };
 RandomRows random_rows(std::mt19937& rng, int m, size_t n) {
   std::uniform_real_distribution<float> val(-4.0f, 4.0f);
-  RandomRows r{std::vector<std::vector<uint16_t>>(static_cast<size_t>(m), std::vector<uint16_t>(n)), {},
+  RandomRows r{std::vector<std::vector<uint16_t>>(static_cast<size_t>(m), std::vector<uint16_t>(n)),
+               {},
                std::vector<float>(static_cast<size_t>(m))};
   for (auto& x : r.w) x = val(rng);
   for (auto& row : r.y) {
@@ -64,18 +65,21 @@ RandomRows random_rows(std::mt19937& rng, int m, size_t n) {
 TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
   std::mt19937 rng(7);
   int checked = 0;
-  for (size_t n : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 192, 200, 255, 7168, 7205})
+  for (size_t n :
+       {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 192, 200, 255, 7168, 7205})
     for (int m : {0, 1, 2, 3, 8})
       for (bool weighted : {false, true})
         for (int canon_shared = 0; canon_shared < 4; ++canon_shared) {
-          const bool canon = canon_shared & 1, shared = canon_shared & 2;  // shared: every slot reads row 0
+          const bool canon = canon_shared & 1,
+                     shared = canon_shared & 2;  // shared: every slot reads row 0
           RandomRows r = random_rows(rng, m, n);
           if (shared)
             for (size_t s = 1; s < r.y.size(); ++s) r.share(s, 0);
           const auto& [y, ptr, w] = r;
           std::vector<uint16_t> bits(n, 0xdead);
           std::vector<float> f32(n, -1.0f);
-          ep::rows::weighted_sum(weighted ? w.data() : nullptr, ptr.data(), m, n, canon, bits.data(), f32.data());
+          ep::rows::weighted_sum(weighted ? w.data() : nullptr, ptr.data(), m, n, canon,
+                                 bits.data(), f32.data());
           for (size_t c = 0; c < n; ++c) {
             const uint16_t want = expected(w, y, c, canon, weighted);
             ASSERT_EQ(bits[c], want) << "n=" << n << " m=" << m << " column " << c;
@@ -93,7 +97,8 @@ TEST(RowMath, WeightedSumMatchesTheScalarFormulaAtEveryWidth) {
 // give denormal partials, which the AVX512-BF16 rounding instruction would read as zero).
 void check_sum_of_partials(ep::rows::SumOfPartialsFn sum_of_partials) {
   std::mt19937 rng(11);
-  const std::vector<std::vector<int>> group_sizes = {{}, {1}, {3}, {2, 3}, {1, 1, 1, 1}, {4, 2, 1}, {1, 5, 2}};
+  const std::vector<std::vector<int>> group_sizes = {{},           {1},       {3},      {2, 3},
+                                                     {1, 1, 1, 1}, {4, 2, 1}, {1, 5, 2}};
   int checked = 0;
   for (size_t n : {1, 15, 16, 17, 33, 63, 64, 65, 127, 128, 129, 192, 200, 255, 7168, 7205})
     for (const std::vector<int>& sizes : group_sizes)
@@ -117,7 +122,8 @@ void check_sum_of_partials(ep::rows::SumOfPartialsFn sum_of_partials) {
             if (pb == 0x8000u) pb = 0;
             acc = acc + bf16_to_f32(bf16{pb});
           }
-          ASSERT_EQ(bits[c], f32_to_bf16(acc).bits) << "n=" << n << " groups=" << end.size() << " column " << c;
+          ASSERT_EQ(bits[c], f32_to_bf16(acc).bits)
+              << "n=" << n << " groups=" << end.size() << " column " << c;
           ++checked;
         }
       }

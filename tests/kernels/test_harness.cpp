@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/check.h"
 #include "kernels/gemm.h"
 #include "kernels/testing/data.h"
 #include "kernels/testing/harness.h"
@@ -46,8 +47,9 @@ INSTANTIATE_TEST_SUITE_P(Quick, HarnessCase, ::testing::ValuesIn(quick_cases()),
 TEST(Harness, EveryOwnedOpHasQuickCases) {
   std::set<std::string> ops;
   for (const auto& c : quick_cases()) ops.insert(c.op);
-  for (const char* op : {"quant_per_token", "quant_per_block", "dequant_per_token", "dequant_per_block", "gemm_fp8",
-                         "gemm_fp8_grouped_contiguous", "gemm_fp8_grouped_masked", "gemm_bf16"})
+  for (const char* op :
+       {"quant_per_token", "quant_per_block", "dequant_per_token", "dequant_per_block", "gemm_fp8",
+        "gemm_fp8_grouped_contiguous", "gemm_fp8_grouped_masked", "gemm_bf16"})
     EXPECT_TRUE(ops.count(op)) << op << " has no quick harness case";
 }
 
@@ -59,7 +61,8 @@ TEST(Harness, CompareBuffersCatchesNanInfAndError) {
   const float inf_a[2] = {INFINITY, 1}, inf_b[2] = {INFINITY, 1}, inf_c[2] = {-INFINITY, 1};
   EXPECT_TRUE(compare_buffers("x", DType::f32, same, ref, 4, {}).pass);
   EXPECT_FALSE(compare_buffers("x", DType::f32, nan, ref, 4, {.rel_l2 = 1e9}).pass);
-  EXPECT_FALSE(compare_buffers("x", DType::f32, ref, nan, 4, {.rel_l2 = 1e9}).pass);  // NaN in the reference too
+  EXPECT_FALSE(compare_buffers("x", DType::f32, ref, nan, 4, {.rel_l2 = 1e9})
+                   .pass);  // NaN in the reference too
   EXPECT_FALSE(compare_buffers("x", DType::f32, off, ref, 4, {.rel_l2 = 1e-3}).pass);
   EXPECT_TRUE(compare_buffers("x", DType::f32, off, ref, 4, {.rel_l2 = 0.1}).pass);
   EXPECT_TRUE(compare_buffers("x", DType::f32, inf_a, inf_b, 2, {}).pass);
@@ -123,8 +126,14 @@ TEST(Harness, InjectedFaultFailsTheGemmCase) {
   reset_call_counters();
   const Fp8Rows a = random_fp8_activations(2, 256, 1), w = random_fp8_weights(130, 256, 2);
   std::vector<bf16> out(2 * 130);
-  const GemmFp8Params p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
-                        .out = out.data(), .m = 2, .n = 130, .k = 256};
+  const GemmFp8Params p{.a = a.q.data(),
+                        .a_scales = a.scales.data(),
+                        .w = w.q.data(),
+                        .w_scales = w.scales.data(),
+                        .out = out.data(),
+                        .m = 2,
+                        .n = 130,
+                        .k = 256};
   const CaseResult r = compare_backends(gemm_fp8, p, {.rel_l2 = 1e-3});
   set_knobs(saved);
   EXPECT_FALSE(r.pass);

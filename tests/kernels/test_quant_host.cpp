@@ -53,8 +53,10 @@ TEST(QuantHost, PerTokenRoundTripWithinFp8Precision) {
   std::vector<fp8_e4m3> q(m * k);
   std::vector<float> s(m * num_blocks(k)), back(m * k);
   for (bool ue8m0 : {false, true}) {
-    host::quant_per_token({.x = x.data(), .q = q.data(), .scales = s.data(), .m = m, .k = k, .ue8m0 = ue8m0});
-    host::dequant_per_token({.q = q.data(), .scales = s.data(), .out_f32 = back.data(), .m = m, .k = k});
+    host::quant_per_token(
+        {.x = x.data(), .q = q.data(), .scales = s.data(), .m = m, .k = k, .ue8m0 = ue8m0});
+    host::dequant_per_token(
+        {.q = q.data(), .scales = s.data(), .out_f32 = back.data(), .m = m, .k = k});
     for (int64_t r = 0; r < m; ++r)
       for (int64_t kb = 0; kb < num_blocks(k); ++kb) {
         const float sc = s[size_t(r * num_blocks(k) + kb)];
@@ -63,8 +65,10 @@ TEST(QuantHost, PerTokenRoundTripWithinFp8Precision) {
         }
         for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
           const float v = bf16_to_f32(x[size_t(r * k + c)]), b = back[size_t(r * k + c)];
-          // e4m3 keeps 3 mantissa bits: relative error <= 2^-4 for normals; subnormals absolute 2^-10·s.
-          EXPECT_LE(std::fabs(b - v), std::max(std::fabs(v) * 0.0625f, std::ldexp(sc, -10)) * 1.0001f)
+          // e4m3 keeps 3 mantissa bits: relative error <= 2^-4 for normals; subnormals absolute
+          // 2^-10·s.
+          EXPECT_LE(std::fabs(b - v),
+                    std::max(std::fabs(v) * 0.0625f, std::ldexp(sc, -10)) * 1.0001f)
               << "row " << r << " col " << c;
         }
       }
@@ -82,14 +86,17 @@ TEST(QuantHost, PerBlockScalesMatchBlockAmax) {
     for (int64_t kb = 0; kb < 2; ++kb) {
       float amax = 0;
       for (int64_t r = nb * 128; r < std::min(n, nb * 128 + 128); ++r)
-        for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) amax = std::max(amax, std::fabs(w[size_t(r * k + c)]));
+        for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c)
+          amax = std::max(amax, std::fabs(w[size_t(r * k + c)]));
       EXPECT_EQ(s[size_t(nb * 2 + kb)], amax / 448.0f);
     }
   EXPECT_EQ(s[3], 2.0f / 448.0f);
   EXPECT_EQ(q[size_t(129 * k + 199)].bits, 0x7e);  // the amax element lands on 448
-  host::dequant_per_block({.q = q.data(), .scales = s.data(), .out_f32 = back.data(), .n = n, .k = k});
+  host::dequant_per_block(
+      {.q = q.data(), .scales = s.data(), .out_f32 = back.data(), .n = n, .k = k});
   for (int64_t i = 0; i < n * k; ++i)
-    EXPECT_LE(std::fabs(back[size_t(i)] - w[size_t(i)]), std::max(std::fabs(w[size_t(i)]) * 0.0625f, 0.3f / 448 / 512));
+    EXPECT_LE(std::fabs(back[size_t(i)] - w[size_t(i)]),
+              std::max(std::fabs(w[size_t(i)]) * 0.0625f, 0.3f / 448 / 512));
 }
 
 TEST(QuantHost, DequantRoundsOnceToBf16) {

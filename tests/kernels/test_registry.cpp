@@ -5,6 +5,7 @@
 #include <set>
 #include <thread>
 
+#include "core/check.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -19,7 +20,7 @@ struct FakeParams {
   const float* x = nullptr;
   const float* y = nullptr;  // optional
   float* out = nullptr;
-  float* acc = nullptr;      // in/out
+  float* acc = nullptr;  // in/out
   int64_t n = 0;
 };
 }  // namespace
@@ -166,7 +167,7 @@ TEST(Registry, RecorderSeesCallsAndReplaysOnHost) {
   EXPECT_EQ(c0.backend, KernelBackend::cpu);
   ASSERT_EQ(c0.inputs.size(), 3u);  // x, y, acc (pre-call copy)
   EXPECT_EQ(c0.inputs[2], (std::vector<float>{5, 5, 5}));
-  ASSERT_EQ(c0.outputs.size(), 2u);  // out, acc
+  ASSERT_EQ(c0.outputs.size(), 2u);                               // out, acc
   EXPECT_EQ(c0.outputs[0], (std::vector<float>{111, 122, 133}));  // cpu
   EXPECT_EQ(c0.outputs[1], (std::vector<float>{6, 7, 8}));
   ASSERT_EQ(c0.host_outputs.size(), 2u);

@@ -1,16 +1,14 @@
 // Model layer: config/safetensors errors name the problem; the paged KV cache; the forward pass
 // against the independent PyTorch golden (models/tiny/golden), and chunked prefill through the
 // paged cache against one-shot prefill.
-#include <gtest/gtest.h>
-
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
-#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -53,15 +51,23 @@ TEST(Config, BadFieldIsNamed) {
 }
 
 TEST(Safetensors, TruncatedMissingWrongShapeAndDtype) {
-  const fs::path dir = fs::temp_directory_path() / ("deepinfer_model_test_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("deepinfer_model_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::vector<uint16_t> data(64, 0x3f80);
-  write_safetensors((dir / "model.safetensors").string(), {{"a.weight", DType::bf16, {8, 8}, data.data()}});
+  write_safetensors((dir / "model.safetensors").string(),
+                    {{"a.weight", DType::bf16, {8, 8}, data.data()}});
   {
     Checkpoint ck(dir.string());
     EXPECT_NE(error_of([&] { ck.get("b.weight"); }).find("b.weight"), std::string::npos);
-    EXPECT_NE(error_of([&] { ck.get("a.weight", DType::bf16, {8, 4}); }).find("a.weight"), std::string::npos);
-    EXPECT_NE(error_of([&] { ck.get("a.weight", DType::e4m3, {8, 8}); }).find("a.weight"), std::string::npos);
+    EXPECT_NE(error_of([&] {
+                ck.get("a.weight", DType::bf16, {8, 4});
+              }).find("a.weight"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                ck.get("a.weight", DType::e4m3, {8, 8});
+              }).find("a.weight"),
+              std::string::npos);
     EXPECT_EQ(error_of([&] { ck.get("a.weight", DType::bf16, {8, 8}); }), "");
   }
   fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") - 10);
@@ -81,7 +87,8 @@ TEST(Safetensors, MismatchNamesTensorFileShapeAndExpectedOnce) {
   {
     Checkpoint ck(dir.string());
     const std::string msg = error_of([&] { ck.get("a.weight", DType::bf16, {8, 4}); });
-    EXPECT_EQ(msg.rfind("tensor a.weight in model.safetensors is BF16[8, 8], but config.json implies BF16[8, 4]",
+    EXPECT_EQ(msg.rfind("tensor a.weight in model.safetensors is BF16[8, 8], but config.json "
+                        "implies BF16[8, 4]",
                         0),
               0u)
         << msg;
@@ -160,7 +167,8 @@ Golden golden_prompt(int i) {
   const int64_t n = p.at("num_positions").get<int64_t>();
   g.logits.resize(size_t(n * g.vocab));
   std::ifstream in(kTiny + "/golden/" + p.at("logits_file").get<std::string>(), std::ios::binary);
-  in.read(reinterpret_cast<char*>(g.logits.data()), std::streamsize(g.logits.size() * sizeof(float)));
+  in.read(reinterpret_cast<char*>(g.logits.data()),
+          std::streamsize(g.logits.size() * sizeof(float)));
   return g;
 }
 
@@ -196,7 +204,8 @@ TEST(Forward, PrefillMatchesGoldenAndChunkedPrefillMatchesOneShot) {
     with_layout.decode_layout = true;
     auto wl = load_weights(std::make_shared<const Checkpoint>(kTiny), cfg, with_layout);
     const Linear& o_proj = wl->layers[0].o;
-    EXPECT_EQ(o_proj.w_decode != nullptr, o_proj.fp8() && kernels::decode_layout_bytes(o_proj.out, o_proj.in) > 0);
+    EXPECT_EQ(o_proj.w_decode != nullptr,
+              o_proj.fp8() && kernels::decode_layout_bytes(o_proj.out, o_proj.in) > 0);
     DeepseekModel ml(wl, group, {});
     PagedKvCache cache(ml.kv_cache_config(4));
     const int64_t s = cache.add_sequence();

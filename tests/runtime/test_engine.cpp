@@ -1,15 +1,13 @@
 // Engine: greedy generation at EP 2 (threads) equals the PyTorch golden continuation, a rank with
 // no requests still joins every MoE layer, stop tokens end a sequence, and gather_results moves
 // every rank's results.
+#include <deepinfer/comm.h>
 #include <gtest/gtest.h>
 
-#include <deepinfer/comm.h>
-
-#include <nlohmann/json.hpp>
-
-#include <fstream>
 #include <algorithm>
+#include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,8 +30,10 @@ TEST(Engine, GreedyAtEp2MatchesGoldenStopsAndIdleRankJoins) {
   const auto j = golden();
   const auto& p0 = j.at("prompts").at(0);
   const auto& p1 = j.at("prompts").at(1);
-  const auto ids0 = p0.at("ids").get<std::vector<int32_t>>(), gen0 = p0.at("generated_ids").get<std::vector<int32_t>>();
-  const auto ids1 = p1.at("ids").get<std::vector<int32_t>>(), gen1 = p1.at("generated_ids").get<std::vector<int32_t>>();
+  const auto ids0 = p0.at("ids").get<std::vector<int32_t>>(),
+             gen0 = p0.at("generated_ids").get<std::vector<int32_t>>();
+  const auto ids1 = p1.at("ids").get<std::vector<int32_t>>(),
+             gen1 = p1.at("generated_ids").get<std::vector<int32_t>>();
   LaunchModelOptions lo;
   lo.model_dir = kTiny;
   lo.ep = 2;

@@ -17,6 +17,7 @@
 
 #include "comm/conformance/patterns.h"
 #include "command.h"
+#include "core/check.h"
 #include "core/env.h"
 
 namespace deepinfer::cli {
@@ -35,25 +36,36 @@ struct BenchOptions {
 };
 
 enum class Op : uint8_t { all_gather, all_to_all, all_to_all_v, reduce_scatter, all_reduce };
-constexpr Op kOps[] = {Op::all_gather, Op::all_to_all, Op::all_to_all_v, Op::reduce_scatter, Op::all_reduce};
+constexpr Op kOps[] = {Op::all_gather, Op::all_to_all, Op::all_to_all_v, Op::reduce_scatter,
+                       Op::all_reduce};
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::all_gather: return "all_gather";
-    case Op::all_to_all: return "all_to_all";
-    case Op::all_to_all_v: return "all_to_all_v";
-    case Op::reduce_scatter: return "reduce_scatter";
-    case Op::all_reduce: return "all_reduce";
+    case Op::all_gather:
+      return "all_gather";
+    case Op::all_to_all:
+      return "all_to_all";
+    case Op::all_to_all_v:
+      return "all_to_all_v";
+    case Op::reduce_scatter:
+      return "reduce_scatter";
+    case Op::all_reduce:
+      return "all_reduce";
   }
   return "?";
 }
 const char* raw_name(Op op) {
   switch (op) {
-    case Op::all_gather: return "raw MPI_Allgather";
-    case Op::all_to_all: return "raw MPI_Alltoall";
-    case Op::all_to_all_v: return "raw MPI_Alltoallv";
-    case Op::reduce_scatter: return "raw MPI_Reduce_scatter_block";
-    case Op::all_reduce: return "raw MPI_Allreduce";
+    case Op::all_gather:
+      return "raw MPI_Allgather";
+    case Op::all_to_all:
+      return "raw MPI_Alltoall";
+    case Op::all_to_all_v:
+      return "raw MPI_Alltoallv";
+    case Op::reduce_scatter:
+      return "raw MPI_Reduce_scatter_block";
+    case Op::all_reduce:
+      return "raw MPI_Allreduce";
   }
   return "?";
 }
@@ -68,12 +80,17 @@ size_t parse_bytes(const std::string& s) {
     DI_FAIL("--bytes '{}' is not a size; use e.g. 4M, 512K, 1G or a number of bytes", s);
   }
   std::string unit = s.substr(pos);
-  if (unit.size() > 1 && (unit.substr(1) == "iB" || unit.substr(1) == "B")) unit = unit.substr(0, 1);
+  if (unit.size() > 1 && (unit.substr(1) == "iB" || unit.substr(1) == "B"))
+    unit = unit.substr(0, 1);
   size_t mul = 1;
-  if (unit == "K" || unit == "k") mul = size_t(1) << 10;
-  else if (unit == "M" || unit == "m") mul = size_t(1) << 20;
-  else if (unit == "G" || unit == "g") mul = size_t(1) << 30;
-  else if (!unit.empty() && unit != "B") DI_FAIL("--bytes '{}': unknown unit '{}' (use K, M or G)", s, unit);
+  if (unit == "K" || unit == "k")
+    mul = size_t(1) << 10;
+  else if (unit == "M" || unit == "m")
+    mul = size_t(1) << 20;
+  else if (unit == "G" || unit == "g")
+    mul = size_t(1) << 30;
+  else if (!unit.empty() && unit != "B")
+    DI_FAIL("--bytes '{}': unknown unit '{}' (use K, M or G)", s, unit);
   return size_t(v) * mul;
 }
 
@@ -118,10 +135,10 @@ float reduce_value(int r, size_t i) { return float((size_t(r) * 7 + i) % 17); } 
 struct Setup {
   Op op;
   int world = 1, rank = 0;
-  size_t bytes = 0;        // per-rank payload (--bytes)
-  size_t count = 0;        // elements per block (u8 for moves, f32 for reductions)
-  size_t nccl_bytes = 0;   // nccl-tests' S: the size algbw divides
-  double bus_factor = 1;   // busbw = algbw * bus_factor
+  size_t bytes = 0;       // per-rank payload (--bytes)
+  size_t count = 0;       // elements per block (u8 for moves, f32 for reductions)
+  size_t nccl_bytes = 0;  // nccl-tests' S: the size algbw divides
+  double bus_factor = 1;  // busbw = algbw * bus_factor
   std::vector<std::byte> send, recv, init;
   std::vector<size_t> send_counts, recv_counts;
   std::vector<int> mpi_sc, mpi_sd, mpi_rc, mpi_rd;  // raw MPI_Alltoallv
@@ -152,7 +169,8 @@ Setup make_setup(Op op, int world, int rank, size_t bytes) {
       s.bus_factor = ring;
       s.send.resize(s.count * w);
       for (int d = 0; d < world; ++d)
-        fill_pattern(s.send.data() + size_t(d) * s.count, s.count, DType::u8, block_seed(kSalt, rank, d));
+        fill_pattern(s.send.data() + size_t(d) * s.count, s.count, DType::u8,
+                     block_seed(kSalt, rank, d));
       s.recv.resize(s.count * w);
       break;
     case Op::all_to_all_v: {
@@ -174,8 +192,8 @@ Setup make_setup(Op op, int world, int rank, size_t bytes) {
       s.bus_factor = ring;
       s.send.resize(st);
       for (int d = 0; d < world; ++d)
-        fill_pattern(s.send.data() + size_t(s.mpi_sd[size_t(d)]), s.send_counts[size_t(d)], DType::u8,
-                     block_seed(kSalt, rank, d));
+        fill_pattern(s.send.data() + size_t(s.mpi_sd[size_t(d)]), s.send_counts[size_t(d)],
+                     DType::u8, block_seed(kSalt, rank, d));
       s.recv.resize(rt);
       break;
     }
@@ -212,16 +230,22 @@ void prepare(Setup& s) {
 
 void run_ours(Group& g, Setup& s) {
   switch (s.op) {
-    case Op::all_gather: g.all_gather(s.send.data(), s.recv.data(), s.count, DType::u8); break;
-    case Op::all_to_all: g.all_to_all(s.send.data(), s.recv.data(), s.count, DType::u8); break;
+    case Op::all_gather:
+      g.all_gather(s.send.data(), s.recv.data(), s.count, DType::u8);
+      break;
+    case Op::all_to_all:
+      g.all_to_all(s.send.data(), s.recv.data(), s.count, DType::u8);
+      break;
     case Op::all_to_all_v:
       g.all_to_all_v(s.send.data(), s.send_counts, s.recv.data(), s.recv_counts, DType::u8);
       break;
     case Op::reduce_scatter:
-      g.reduce_scatter(reinterpret_cast<const float*>(s.send.data()), reinterpret_cast<float*>(s.recv.data()),
-                       s.count);
+      g.reduce_scatter(reinterpret_cast<const float*>(s.send.data()),
+                       reinterpret_cast<float*>(s.recv.data()), s.count);
       break;
-    case Op::all_reduce: g.all_reduce(s.recv.data(), s.count, DType::f32, ReduceOp::sum); break;
+    case Op::all_reduce:
+      g.all_reduce(s.recv.data(), s.count, DType::f32, ReduceOp::sum);
+      break;
   }
 }
 
@@ -234,14 +258,16 @@ void run_raw(Setup& s) {
   const int n = int(s.count);
   switch (s.op) {
     case Op::all_gather:
-      check_mpi(MPI_Allgather(s.send.data(), n, MPI_BYTE, s.recv.data(), n, MPI_BYTE, comm), "MPI_Allgather");
+      check_mpi(MPI_Allgather(s.send.data(), n, MPI_BYTE, s.recv.data(), n, MPI_BYTE, comm),
+                "MPI_Allgather");
       break;
     case Op::all_to_all:
-      check_mpi(MPI_Alltoall(s.send.data(), n, MPI_BYTE, s.recv.data(), n, MPI_BYTE, comm), "MPI_Alltoall");
+      check_mpi(MPI_Alltoall(s.send.data(), n, MPI_BYTE, s.recv.data(), n, MPI_BYTE, comm),
+                "MPI_Alltoall");
       break;
     case Op::all_to_all_v:
-      check_mpi(MPI_Alltoallv(s.send.data(), s.mpi_sc.data(), s.mpi_sd.data(), MPI_BYTE, s.recv.data(),
-                              s.mpi_rc.data(), s.mpi_rd.data(), MPI_BYTE, comm),
+      check_mpi(MPI_Alltoallv(s.send.data(), s.mpi_sc.data(), s.mpi_sd.data(), MPI_BYTE,
+                              s.recv.data(), s.mpi_rc.data(), s.mpi_rd.data(), MPI_BYTE, comm),
                 "MPI_Alltoallv");
       break;
     case Op::reduce_scatter:
@@ -249,7 +275,8 @@ void run_raw(Setup& s) {
                 "MPI_Reduce_scatter_block");
       break;
     case Op::all_reduce:
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, s.recv.data(), n, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, s.recv.data(), n, MPI_FLOAT, MPI_SUM, comm),
+                "MPI_Allreduce");
       break;
   }
 }
@@ -260,7 +287,8 @@ size_t count_wrong(const Setup& s) {
   using conformance::pattern_bits;
   size_t wrong = 0;
   auto check_u8 = [&](const std::byte* p, size_t n, uint64_t seed) {
-    for (size_t i = 0; i < n; ++i) wrong += uint8_t(p[i]) != uint8_t(pattern_bits(DType::u8, seed + i));
+    for (size_t i = 0; i < n; ++i)
+      wrong += uint8_t(p[i]) != uint8_t(pattern_bits(DType::u8, seed + i));
   };
   auto check_f32 = [&](size_t n, auto expected) {
     for (size_t i = 0; i < n; ++i) {
@@ -280,7 +308,8 @@ size_t count_wrong(const Setup& s) {
       break;
     case Op::all_to_all_v:
       for (int r = 0; r < s.world; ++r)
-        check_u8(s.recv.data() + size_t(s.mpi_rd[size_t(r)]), s.recv_counts[size_t(r)], block_seed(kSalt, r, s.rank));
+        check_u8(s.recv.data() + size_t(s.mpi_rd[size_t(r)]), s.recv_counts[size_t(r)],
+                 block_seed(kSalt, r, s.rank));
       break;
     case Op::reduce_scatter:
       check_f32(s.count, [&](size_t i) {
@@ -347,7 +376,8 @@ int run_bench(const BenchOptions& o) {
   lo.comm = resolve_comm(o.comm);
   lo.world = o.world > 0 ? o.world : (lo.comm == CommKind::local ? kDefaultWorld : 0);
   const size_t bytes = parse_bytes(o.bytes);
-  DI_CHECK(bytes >= 1024 && bytes <= (size_t(1) << 30), "--bytes must be in [1K, 1G], got {}", o.bytes);
+  DI_CHECK(bytes >= 1024 && bytes <= (size_t(1) << 30), "--bytes must be in [1K, 1G], got {}",
+           o.bytes);
   DI_CHECK(o.iters >= 1, "--iters must be >= 1, got {}", o.iters);
   const bool mpi = lo.comm == CommKind::mpi;
   // local: the limit is measured before the rank threads start, so they cannot disturb it.
@@ -365,12 +395,16 @@ int run_bench(const BenchOptions& o) {
       const bool correct = t.wrong_ours == 0 && t.wrong_raw == 0;
       if (!correct) code = 1;
       std::printf(
-          "{\"bench\":\"collectives\",\"case\":\"%s %s/rank, %d ranks, %s\",\"op\":\"%s\",\"backend\":\"%s\","
-          "\"world\":%d,\"seconds\":%.9g,\"bytes\":%zu,\"gbps\":%.4f,\"algbw_gbps\":%.4f,\"limit\":\"%s\","
-          "\"limit_value\":%.4f,\"ratio\":%.4f,\"iters\":%d,\"correct\":%s,\"wrong\":%zu,\"wrong_limit\":%zu}\n",
-          op_name(op), human(bytes).c_str(), world, g.backend().c_str(), op_name(op), g.backend().c_str(), world,
-          t.ours, s.nccl_bytes, busbw, algbw, mpi ? raw_name(op) : "memcpy", limit, busbw / limit, o.iters,
-          correct ? "true" : "false", t.wrong_ours, t.wrong_raw);
+          "{\"bench\":\"collectives\",\"case\":\"%s %s/rank, %d ranks, "
+          "%s\",\"op\":\"%s\",\"backend\":\"%s\","
+          "\"world\":%d,\"seconds\":%.9g,\"bytes\":%zu,\"gbps\":%.4f,\"algbw_gbps\":%.4f,\"limit\":"
+          "\"%s\","
+          "\"limit_value\":%.4f,\"ratio\":%.4f,\"iters\":%d,\"correct\":%s,\"wrong\":%zu,\"wrong_"
+          "limit\":%zu}\n",
+          op_name(op), human(bytes).c_str(), world, g.backend().c_str(), op_name(op),
+          g.backend().c_str(), world, t.ours, s.nccl_bytes, busbw, algbw,
+          mpi ? raw_name(op) : "memcpy", limit, busbw / limit, o.iters, correct ? "true" : "false",
+          t.wrong_ours, t.wrong_raw);
       std::fflush(stdout);
     }
   });
@@ -379,17 +413,21 @@ int run_bench(const BenchOptions& o) {
 
 DEEPINFER_COMMAND(
     "bench", "collectives",
-    "Bus bandwidth of all_gather, all_to_all(_v), reduce_scatter, all_reduce vs raw MPI (mpi) or memcpy "
+    "Bus bandwidth of all_gather, all_to_all(_v), reduce_scatter, all_reduce vs raw MPI (mpi) or "
+    "memcpy "
     "(local), measured in the same run; JSON lines",
     [](CLI::App& app) {
       auto o = std::make_shared<BenchOptions>();
-      app.add_option("--comm", o->comm, "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
+      app.add_option("--comm", o->comm,
+                     "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
           ->check(CLI::IsMember({"local", "mpi"}));
-      app.add_option("--world", o->world, fmt::format("Ranks: local threads (default {}); mpi checks it", kDefaultWorld))
+      app.add_option("--world", o->world,
+                     fmt::format("Ranks: local threads (default {}); mpi checks it", kDefaultWorld))
           ->check(CLI::Range(1, 1024));
       app.add_option("--bytes", o->bytes, "Payload per rank, e.g. 4M (default), 512K, 1G");
-      app.add_option("--iters", o->iters, fmt::format("Timed iterations after {} warm-up (default {})", kWarmupIters,
-                                                      kDefaultIters))
+      app.add_option("--iters", o->iters,
+                     fmt::format("Timed iterations after {} warm-up (default {})", kWarmupIters,
+                                 kDefaultIters))
           ->check(CLI::PositiveNumber);
       return [o] { return run_bench(*o); };
     });

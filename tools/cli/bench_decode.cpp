@@ -1,12 +1,12 @@
 // `deepinfer bench decode`: end-to-end prefill and decode speed of the engine (JSON lines, the
-// benchmark contract of docs/performance.md §1): prefill of a 128-token prompt in tokens/s against the fp32
-// FMA peak, and decode tokens/s against the decode roofline = read bandwidth (memcpy, measured in
-// this run) ÷ active weight bytes per token. --model synthetic writes a DeepSeek-V3-architecture
-// model with random BF16 weights (fixed seed) in HF layout into --synthetic-dir and loads it with
+// benchmark contract of docs/performance.md §1): prefill of a 128-token prompt in tokens/s against
+// the fp32 FMA peak, and decode tokens/s against the decode roofline = read bandwidth (memcpy,
+// measured in this run) ÷ active weight bytes per token. --model synthetic writes a
+// DeepSeek-V3-architecture model with random BF16 weights (fixed seed) in HF layout into
+// --synthetic-dir and loads it with
 // --quantize fp8.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/check.h"
 #include "core/env.h"
 #include "kernels/testing/bench.h"
 #include "model/safetensors.h"
@@ -44,9 +45,10 @@ struct BenchDecodeCli {
 
 // The synthetic DeepSeek-V3-architecture model of issue 5 (HF layout, BF16, no YaRN).
 void write_synthetic_model(const std::string& dir) {
-  constexpr int64_t kHidden = 2048, kLayers = 8, kDense = 1, kInter = 5632, kExperts = 32, kTopk = 4, kGroups = 4,
-                    kTopkGroup = 2, kShared = 1, kMoeInter = 512, kHeads = 16, kQLora = 768, kKvLora = 256,
-                    kNope = 64, kRope = 64, kV = 64, kVocab = 32000;
+  constexpr int64_t kHidden = 2048, kLayers = 8, kDense = 1, kInter = 5632, kExperts = 32,
+                    kTopk = 4, kGroups = 4, kTopkGroup = 2, kShared = 1, kMoeInter = 512,
+                    kHeads = 16, kQLora = 768, kKvLora = 256, kNope = 64, kRope = 64, kV = 64,
+                    kVocab = 32000;
   if (fs::exists(dir + "/model.safetensors") && fs::exists(dir + "/config.json")) return;
   fs::create_directories(dir);
   std::fprintf(stderr, "bench decode: writing the synthetic model to %s ...\n", dir.c_str());
@@ -103,7 +105,8 @@ void write_synthetic_model(const std::string& dir) {
     lin(m + ".gate", kExperts, kHidden);
     fstore.emplace_back(size_t(kExperts));
     for (auto& b : fstore.back()) b = float(int64_t(rng() % 2001) - 1000) * 1e-5f;
-    ts.push_back({m + ".gate.e_score_correction_bias", DType::f32, {kExperts}, fstore.back().data()});
+    ts.push_back(
+        {m + ".gate.e_score_correction_bias", DType::f32, {kExperts}, fstore.back().data()});
     for (int64_t e = 0; e < kExperts; ++e) {
       const std::string x = fmt::format("{}.experts.{}", m, e);
       lin(x + ".gate_proj", kMoeInter, kHidden);
@@ -130,8 +133,8 @@ void write_synthetic_model(const std::string& dir) {
   "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false, "torch_dtype": "bfloat16"
 }}
 )",
-                     kVocab, kHidden, kInter, kMoeInter, kLayers, kHeads, kHeads, kDense, kExperts, kShared, kTopk,
-                     kGroups, kTopkGroup, kQLora, kKvLora, kNope, kRope, kV);
+                     kVocab, kHidden, kInter, kMoeInter, kLayers, kHeads, kHeads, kDense, kExperts,
+                     kShared, kTopk, kGroups, kTopkGroup, kQLora, kKvLora, kNope, kRope, kV);
 }
 
 // Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
@@ -139,13 +142,15 @@ double linear_flops_per_token(const model::ModelConfig& c) {
   const double h = double(c.hidden_size), H = double(c.num_attention_heads);
   double f = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    f += c.q_lora_rank > 0 ? double(c.q_lora_rank) * (h + H * double(c.qk_head_dim())) : h * H * double(c.qk_head_dim());
+    f += c.q_lora_rank > 0 ? double(c.q_lora_rank) * (h + H * double(c.qk_head_dim()))
+                           : h * H * double(c.qk_head_dim());
     f += h * double(c.kv_lora_rank + c.qk_rope_head_dim);
-    f += H * double(c.kv_lora_rank) * double(c.qk_nope_head_dim + c.v_head_dim);  // absorbed W_UK, W_UV
+    f += H * double(c.kv_lora_rank) *
+         double(c.qk_nope_head_dim + c.v_head_dim);  // absorbed W_UK, W_UV
     f += H * double(c.v_head_dim) * h;
     if (c.is_moe_layer(l))
-      f += h * double(c.n_routed_experts) +
-           3.0 * h * double(c.moe_intermediate_size) * double(c.num_experts_per_tok + c.n_shared_experts);
+      f += h * double(c.n_routed_experts) + 3.0 * h * double(c.moe_intermediate_size) *
+                                                double(c.num_experts_per_tok + c.n_shared_experts);
     else
       f += 3.0 * h * double(c.intermediate_size);
   }
@@ -204,17 +209,21 @@ int run_bench_decode(BenchDecodeCli o) {
       const auto s0 = engine.stats();
       engine.generate({q});
       const auto s1 = engine.stats();
-      if (r > 0) dec.push_back((s1.decode_seconds - s0.decode_seconds) / double(s1.decode_tokens - s0.decode_tokens));
+      if (r > 0)
+        dec.push_back((s1.decode_seconds - s0.decode_seconds) /
+                      double(s1.decode_tokens - s0.decode_tokens));
     }
     if (rc.group.rank() != 0) return;
     std::sort(pre.begin(), pre.end());
     std::sort(dec.begin(), dec.end());
     const double pre_s = pre[pre.size() / 2], dec_s = dec[dec.size() / 2];
-    const std::string tag = fmt::format("{} ep={} threads={}{}", name, o.ep, o.threads, lo.quantize_fp8 ? " quantize=fp8" : "");
+    const std::string tag = fmt::format("{} ep={} threads={}{}", name, o.ep, o.threads,
+                                        lo.quantize_fp8 ? " quantize=fp8" : "");
     // Prefill: flops of the linears (top-k experts) + attention over the causal prompt.
     const double T = double(o.prompt_tokens);
-    const double attn_flops = 2.0 * double(cfg.num_hidden_layers) * double(cfg.num_attention_heads) *
-                              double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * T * (T + 1) / 2.0;
+    const double attn_flops =
+        2.0 * double(cfg.num_hidden_layers) * double(cfg.num_attention_heads) *
+        double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * T * (T + 1) / 2.0;
     const double pre_flops = linear_flops_per_token(cfg) * T + attn_flops;
     kernels::testing::BenchRecord a;
     a.bench = "decode";
@@ -241,26 +250,31 @@ int run_bench_decode(BenchDecodeCli o) {
   return 0;
 }
 
-DEEPINFER_COMMAND("bench", "decode",
-                  "Engine prefill (vs the fp32 FMA peak) and decode (vs the weight-read roofline) tokens/s; "
-                  "JSON lines. --model synthetic: a DeepSeek-V3-architecture model with random BF16 weights",
-                  [](CLI::App& app) {
-                    auto o = std::make_shared<BenchDecodeCli>();
-                    app.add_option("--model", o->model, "Model folder, or `synthetic` (default models/tiny)");
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (threads; default 1)")->check(CLI::Range(1, 64));
-                    app.add_option("--threads", o->threads, "Kernel threads (default 2)")->check(CLI::Range(1, 1024));
-                    app.add_option("--quantize", o->quantize, "fp8: quantize BF16 weights at load (synthetic: always)")
-                        ->check(CLI::IsMember({"fp8"}));
-                    app.add_option("--synthetic-dir", o->synthetic_dir,
-                                   "Where the synthetic model is written (reused if present; default build/synthetic-v3)");
-                    app.add_option("--prompt-tokens", o->prompt_tokens, "Prefill prompt length (default 128)")
-                        ->check(CLI::Range(int64_t(1), int64_t(4096)));
-                    app.add_option("--decode-tokens", o->decode_tokens, "Decode steps per run (default 32)")
-                        ->check(CLI::Range(int64_t(1), int64_t(4096)));
-                    app.add_option("--reps", o->reps, "Timed runs; the median is reported (default 3)")
-                        ->check(CLI::Range(1, 100));
-                    return [o] { return run_bench_decode(*o); };
-                  });
+DEEPINFER_COMMAND(
+    "bench", "decode",
+    "Engine prefill (vs the fp32 FMA peak) and decode (vs the weight-read roofline) tokens/s; "
+    "JSON lines. --model synthetic: a DeepSeek-V3-architecture model with random BF16 weights",
+    [](CLI::App& app) {
+      auto o = std::make_shared<BenchDecodeCli>();
+      app.add_option("--model", o->model, "Model folder, or `synthetic` (default models/tiny)");
+      app.add_option("--ep", o->ep, "Expert-parallel ranks (threads; default 1)")
+          ->check(CLI::Range(1, 64));
+      app.add_option("--threads", o->threads, "Kernel threads (default 2)")
+          ->check(CLI::Range(1, 1024));
+      app.add_option("--quantize", o->quantize,
+                     "fp8: quantize BF16 weights at load (synthetic: always)")
+          ->check(CLI::IsMember({"fp8"}));
+      app.add_option(
+          "--synthetic-dir", o->synthetic_dir,
+          "Where the synthetic model is written (reused if present; default build/synthetic-v3)");
+      app.add_option("--prompt-tokens", o->prompt_tokens, "Prefill prompt length (default 128)")
+          ->check(CLI::Range(int64_t(1), int64_t(4096)));
+      app.add_option("--decode-tokens", o->decode_tokens, "Decode steps per run (default 32)")
+          ->check(CLI::Range(int64_t(1), int64_t(4096)));
+      app.add_option("--reps", o->reps, "Timed runs; the median is reported (default 3)")
+          ->check(CLI::Range(1, 100));
+      return [o] { return run_bench_decode(*o); };
+    });
 
 }  // namespace
 }  // namespace deepinfer::cli

@@ -8,9 +8,8 @@
 // host reference.
 #include <deepinfer/comm.h>
 #include <deepinfer/ep.h>
-#include <mpi.h>
-
 #include <fmt/format.h>
+#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/check.h"
 #include "core/env.h"
 #include "ep/reference.h"
 #include "ep/sizing.h"
@@ -108,16 +108,19 @@ Medians time_medians(Group& g, int warmup, int iters, const std::function<void()
 // w_bytes_seconds (ag only): the raw time scaled by W instead of the measured byte ratio, the
 // issue's analytic count ("W x the a2a bytes", as if a2a sent each token to one rank), printed as
 // ratio_w_bytes beside the stricter ratio.
-void emit(const std::string& bench_case, double seconds, double bytes, int world, const std::string& limit,
-          double limit_seconds, double w_bytes_seconds = 0) {
+void emit(const std::string& bench_case, double seconds, double bytes, int world,
+          const std::string& limit, double limit_seconds, double w_bytes_seconds = 0) {
   const double gbps = bytes / seconds / 1e9;
   const double bus = gbps * double(world - 1) / double(std::max(world, 1));
   const double limit_gbps = bytes / limit_seconds / 1e9;
-  const std::string w_bytes = w_bytes_seconds > 0 ? fmt::format(", \"ratio_w_bytes\": {:.4g}", w_bytes_seconds / seconds) : "";
+  const std::string w_bytes =
+      w_bytes_seconds > 0 ? fmt::format(", \"ratio_w_bytes\": {:.4g}", w_bytes_seconds / seconds)
+                          : "";
   std::printf(
       "{\"bench\": \"ep\", \"case\": \"%s\", \"seconds\": %.6g, \"bytes\": %.0f, \"gbps\": %.4g, "
       "\"bus_gbps\": %.4g, \"limit\": \"%s\", \"limit_value\": %.4g, \"ratio\": %.4g%s}\n",
-      bench_case.c_str(), seconds, bytes, gbps, bus, limit.c_str(), limit_gbps, limit_seconds / seconds, w_bytes.c_str());
+      bench_case.c_str(), seconds, bytes, gbps, bus, limit.c_str(), limit_gbps,
+      limit_seconds / seconds, w_bytes.c_str());
   std::fflush(stdout);
 }
 
@@ -137,12 +140,13 @@ struct Raw {
     std::vector<int> isc(w), irc(w), sd(w), rd(w);
     size_t so = 0, ro = 0;
     for (size_t r = 0; r < w; ++r) {
-      DI_CHECK(sc[r] < (size_t(1) << 31) && rc[r] < (size_t(1) << 31), "raw MPI_Alltoallv: block too large");
+      DI_CHECK(sc[r] < (size_t(1) << 31) && rc[r] < (size_t(1) << 31),
+               "raw MPI_Alltoallv: block too large");
       isc[r] = int(sc[r]), irc[r] = int(rc[r]), sd[r] = int(so), rd[r] = int(ro);
       so += sc[r], ro += rc[r];
     }
-    MPI_Alltoallv(send.data(), isc.data(), sd.data(), MPI_BYTE, recv.data(), irc.data(), rd.data(), MPI_BYTE,
-                  MPI_COMM_WORLD);
+    MPI_Alltoallv(send.data(), isc.data(), sd.data(), MPI_BYTE, recv.data(), irc.data(), rd.data(),
+                  MPI_BYTE, MPI_COMM_WORLD);
   }
 };
 
@@ -171,9 +175,11 @@ int run_bench(const BenchEpCli& o) {
     if (o.algo == "all" || o.algo == "a2a") algos.push_back(EpAlgo::a2a);
     if (o.algo == "all" || o.algo == "ag") algos.push_back(EpAlgo::ag);
     Raw raw{g, lo.comm == CommKind::mpi, {}, {}};
-    const std::string where = fmt::format("{} W={} T={} H={} K={} E={} fp8 dispatch, {} bf16 combine", g.backend(), w,
-                                          o.tokens, o.hidden, o.topk, o.experts, o.combine);
-    const std::string limit = lo.comm == CommKind::mpi ? "raw MPI_Alltoallv" : "raw Group all_to_all_v";
+    const std::string where =
+        fmt::format("{} W={} T={} H={} K={} E={} fp8 dispatch, {} bf16 combine", g.backend(), w,
+                    o.tokens, o.hidden, o.topk, o.experts, o.combine);
+    const std::string limit =
+        lo.comm == CommKind::mpi ? "raw MPI_Alltoallv" : "raw Group all_to_all_v";
     double a2a_dispatch_bytes = 0, a2a_combine_bytes = 0;
     std::vector<uint16_t> first_combine;
     int local_fail = 0;
@@ -187,9 +193,10 @@ int run_bench(const BenchEpCli& o) {
       // The raw all_to_all_v moves exactly the bytes a2a moves: a record per (token, destination
       // rank) out, the fast combine's [weights | partial] record per received row back.
       const size_t rec = ep::record_layout(cfg, true).bytes;
-      const size_t crec = cfg.combine == CombineMode::fast
-                              ? ep::align_up(size_t(cfg.num_topk) * 4 + size_t(cfg.hidden) * 2, ep::kRecordAlign)
-                              : 0;
+      const size_t crec =
+          cfg.combine == CombineMode::fast
+              ? ep::align_up(size_t(cfg.num_topk) * 4 + size_t(cfg.hidden) * 2, ep::kRecordAlign)
+              : 0;
       const size_t nw = static_cast<size_t>(w);
       std::vector<size_t> sc(nw), rc(nw), csc(nw), crc(nw);
       {
@@ -211,9 +218,11 @@ int run_bench(const BenchEpCli& o) {
       DispatchOutput out;
       // ag is compared with the raw a2a bytes scaled, so only after an a2a pass measured them.
       const bool compare = algo == EpAlgo::a2a || a2a_dispatch_bytes > 0;
-      auto raw_call = [&](const std::vector<size_t>& s_counts, const std::vector<size_t>& r_counts) {
-        return compare ? std::function<void()>([&, s_counts, r_counts] { raw.run(s_counts, r_counts); })
-                       : std::function<void()>();
+      auto raw_call = [&](const std::vector<size_t>& s_counts,
+                          const std::vector<size_t>& r_counts) {
+        return compare
+                   ? std::function<void()>([&, s_counts, r_counts] { raw.run(s_counts, r_counts); })
+                   : std::function<void()>();
       };
       // Each call's outputs are dropped before the next, as a serving loop drops a layer's
       // (the storage cache then hands the same blocks back, like the raw run's reused buffers).
@@ -226,7 +235,9 @@ int run_bench(const BenchEpCli& o) {
           raw_call(sc, rc));
       // Bytes a rank moves: the larger of what it sends and receives (a reduce_scatter sends W
       // blocks and receives one; an all_gather the reverse), max over ranks.
-      auto moved = [](const EpCallStats& st) { return double(std::max(st.bytes_sent, st.bytes_recv)); };
+      auto moved = [](const EpCallStats& st) {
+        return double(std::max(st.bytes_sent, st.bytes_recv));
+      };
       double d_bytes = moved(buf.last_stats());
       const std::string d_lowering = buf.last_stats().lowering;
       g.all_reduce(&d_bytes, 1, DType::f64, ReduceOp::max);
@@ -239,7 +250,8 @@ int run_bench(const BenchEpCli& o) {
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t gid = out.src.data<int64_t>()[i], m = cfg.num_max_tokens_per_rank;
         for (int64_t c = 0; c < cfg.hidden; ++c)
-          y.data<uint16_t>()[i * cfg.hidden + c] = ep::ref::y_value(3, (gid / m) * m + gid % m, cfg.num_experts + me, int(c));
+          y.data<uint16_t>()[i * cfg.hidden + c] =
+              ep::ref::y_value(3, (gid / m) * m + gid % m, cfg.num_experts + me, int(c));
       }
       CombineOutput comb;
       const Medians combine_t = time_medians(
@@ -256,14 +268,16 @@ int run_bench(const BenchEpCli& o) {
 
       if (o.check) {
         const ep::ref::ExpectedDispatch ex = ep::ref::expected_dispatch(all, cfg, w, me);
-        if (out.x.nbytes() != ex.x.size() || std::memcmp(out.x.raw(), ex.x.data(), ex.x.size()) != 0 ||
+        if (out.x.nbytes() != ex.x.size() ||
+            std::memcmp(out.x.raw(), ex.x.data(), ex.x.size()) != 0 ||
             std::memcmp(out.scales.raw(), ex.scales.data(), ex.scales.size() * 4) != 0)
           ++local_fail;
         std::vector<int64_t> offset(size_t(w) + 1);
         for (int r = 0; r <= w; ++r) offset[size_t(r)] = int64_t(r) * cfg.num_max_tokens_per_rank;
         const ep::ref::ExpectedCombine ec = ep::ref::expected_combine(all, cfg, w, me, 3, offset);
         const auto* got = comb.x.data<uint16_t>();
-        const bool tolerant = cfg.combine == CombineMode::fast && !g.capabilities().ordered_reduce && algo == EpAlgo::ag;
+        const bool tolerant = cfg.combine == CombineMode::fast &&
+                              !g.capabilities().ordered_reduce && algo == EpAlgo::ag;
         // Differences from ascending rank order (an unordered reduce_scatter), in bf16 ulps.
         int64_t diff[3] = {0, 0, 0};  // elements differing, of which > 1 ulp, max ulp
         for (size_t i = 0; i < ec.x.size(); ++i) {
@@ -280,10 +294,13 @@ int run_bench(const BenchEpCli& o) {
         g.all_reduce(diff, 2, DType::i64, ReduceOp::sum);
         g.all_reduce(diff + 2, 1, DType::i64, ReduceOp::max);
         if (me == 0 && diff[0])
-          std::printf("bench ep: %s combine: %lld of %lld elements differ from ascending rank order (%lld by > 1 "
-                      "bf16 ulp, max %lld ulp)\n",
-                      std::string(to_string(algo)).c_str(), (long long)diff[0], (long long)(int64_t(w) * int64_t(ec.x.size())),
-                      (long long)diff[1], (long long)diff[2]);
+          std::printf(
+              "bench ep: %s combine: %lld of %lld elements differ from ascending rank order (%lld "
+              "by > 1 "
+              "bf16 ulp, max %lld ulp)\n",
+              std::string(to_string(algo)).c_str(), (long long)diff[0],
+              (long long)(int64_t(w) * int64_t(ec.x.size())), (long long)diff[1],
+              (long long)diff[2]);
       }
 
       const double raw_dispatch_s = dispatch_t.raw, raw_combine_s = combine_t.raw;
@@ -291,23 +308,29 @@ int run_bench(const BenchEpCli& o) {
         a2a_dispatch_bytes = d_bytes;
         a2a_combine_bytes = c_bytes;
         if (me == 0) {
-          emit(fmt::format("dispatch a2a ({}) {}", d_lowering, where), t_dispatch, d_bytes, w, limit, raw_dispatch_s);
-          if (crec) emit(fmt::format("combine a2a ({}) {}", c_lowering, where), t_combine, c_bytes, w, limit, raw_combine_s);
-          else emit(fmt::format("combine a2a ({}) {}", c_lowering, where), t_combine, c_bytes, w, "none (exact: per-slot records)", t_combine);
+          emit(fmt::format("dispatch a2a ({}) {}", d_lowering, where), t_dispatch, d_bytes, w,
+               limit, raw_dispatch_s);
+          if (crec)
+            emit(fmt::format("combine a2a ({}) {}", c_lowering, where), t_combine, c_bytes, w,
+                 limit, raw_combine_s);
+          else
+            emit(fmt::format("combine a2a ({}) {}", c_lowering, where), t_combine, c_bytes, w,
+                 "none (exact: per-slot records)", t_combine);
         }
       } else if (me == 0) {
         // ag is allowed its analytic byte count: the raw a2a time scaled by ag bytes / a2a bytes.
         if (compare) {
           const double scale = d_bytes / a2a_dispatch_bytes;
-          emit(fmt::format("dispatch ag (bytes {:.2f}x a2a) {}", scale, where), t_dispatch, d_bytes, w,
-               limit + " x ag/a2a bytes", raw_dispatch_s * scale, raw_dispatch_s * w);
+          emit(fmt::format("dispatch ag (bytes {:.2f}x a2a) {}", scale, where), t_dispatch, d_bytes,
+               w, limit + " x ag/a2a bytes", raw_dispatch_s * scale, raw_dispatch_s * w);
         } else {
-          emit(fmt::format("dispatch ag {}", where), t_dispatch, d_bytes, w, "none (run with --algo all)", t_dispatch);
+          emit(fmt::format("dispatch ag {}", where), t_dispatch, d_bytes, w,
+               "none (run with --algo all)", t_dispatch);
         }
         if (compare && raw_combine_s > 0) {
           const double scale = c_bytes / a2a_combine_bytes;
-          emit(fmt::format("combine ag (bytes {:.2f}x a2a) {}", scale, where), t_combine, c_bytes, w,
-               limit + " x ag/a2a bytes", raw_combine_s * scale, raw_combine_s * w);
+          emit(fmt::format("combine ag (bytes {:.2f}x a2a) {}", scale, where), t_combine, c_bytes,
+               w, limit + " x ag/a2a bytes", raw_combine_s * scale, raw_combine_s * w);
         } else {
           emit(fmt::format("combine ag {}", where), t_combine, c_bytes, w, "none", t_combine);
         }
@@ -325,21 +348,30 @@ int run_bench(const BenchEpCli& o) {
 
 DEEPINFER_COMMAND(
     "bench", "ep",
-    "EPBuffer dispatch/combine per algorithm vs a raw all_to_all_v moving the same bytes (JSON lines)",
+    "EPBuffer dispatch/combine per algorithm vs a raw all_to_all_v moving the same bytes (JSON "
+    "lines)",
     [](CLI::App& app) {
       auto o = std::make_shared<BenchEpCli>();
-      app.add_option("--comm", o->comm, "local or mpi (default DEEPINFER_COMM)")->check(CLI::IsMember({"local", "mpi"}));
-      app.add_option("--world", o->world, "Ranks (local threads, default 4; mpi: checked against mpirun -np)")
+      app.add_option("--comm", o->comm, "local or mpi (default DEEPINFER_COMM)")
+          ->check(CLI::IsMember({"local", "mpi"}));
+      app.add_option("--world", o->world,
+                     "Ranks (local threads, default 4; mpi: checked against mpirun -np)")
           ->check(CLI::Range(1, 1024));
-      app.add_option("--tokens", o->tokens, "Tokens per rank (default 512)")->check(CLI::Range(1, 1 << 20));
-      app.add_option("--hidden", o->hidden, "Hidden size (default 7168)")->check(CLI::Range(1, 1 << 20));
+      app.add_option("--tokens", o->tokens, "Tokens per rank (default 512)")
+          ->check(CLI::Range(1, 1 << 20));
+      app.add_option("--hidden", o->hidden, "Hidden size (default 7168)")
+          ->check(CLI::Range(1, 1 << 20));
       app.add_option("--topk", o->topk, "Experts per token (default 8)")->check(CLI::Range(1, 32));
-      app.add_option("--experts", o->experts, "Experts (default 256)")->check(CLI::Range(1, 1 << 16));
-      app.add_option("--algo", o->algo, "a2a, ag or all (default all)")->check(CLI::IsMember({"a2a", "ag", "all"}));
+      app.add_option("--experts", o->experts, "Experts (default 256)")
+          ->check(CLI::Range(1, 1 << 16));
+      app.add_option("--algo", o->algo, "a2a, ag or all (default all)")
+          ->check(CLI::IsMember({"a2a", "ag", "all"}));
       app.add_option("--combine", o->combine, "fast (bf16 partials, default) or exact")
           ->check(CLI::IsMember({"fast", "exact"}));
-      app.add_option("--iters", o->iters, "Timed repetitions (median reported, default 10)")->check(CLI::Range(1, 1000));
-      app.add_option("--warmup", o->warmup, "Untimed repetitions first (default 3)")->check(CLI::Range(0, 1000));
+      app.add_option("--iters", o->iters, "Timed repetitions (median reported, default 10)")
+          ->check(CLI::Range(1, 1000));
+      app.add_option("--warmup", o->warmup, "Untimed repetitions first (default 3)")
+          ->check(CLI::Range(0, 1000));
       app.add_flag("!--no-check", o->check, "Skip the reference check");
       return [o] { return run_bench(*o); };
     });

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/attention.h"
 #include "kernels/testing/bench.h"
 #include "kernels/testing/data.h"

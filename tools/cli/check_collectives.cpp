@@ -1,5 +1,5 @@
-// `deepinfer check collectives`: the collective conformance suite (docs/architecture.md §3, §7) on the
-// `local` backend (--world threads) or under mpirun (--comm mpi), optionally through a fault.
+// `deepinfer check collectives`: the collective conformance suite (docs/architecture.md §3, §7) on
+// the `local` backend (--world threads) or under mpirun (--comm mpi), optionally through a fault.
 #include <deepinfer/comm.h>
 
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include "comm/faulty/faulty_group.h"
 #include "comm/platform.h"
 #include "command.h"
+#include "core/check.h"
 #include "core/env.h"
 
 namespace deepinfer::cli {
@@ -32,7 +33,9 @@ struct CheckOptions {
   bool quick = false;
   bool full = false;
   conformance::SuiteOptions suite() const {
-    return {quick ? conformance::Coverage::quick : full ? conformance::Coverage::full : conformance::Coverage::standard};
+    return {quick  ? conformance::Coverage::quick
+            : full ? conformance::Coverage::full
+                   : conformance::Coverage::standard};
   }
 };
 
@@ -89,14 +92,16 @@ int run_local(const CheckOptions& o, const LaunchOptions& lo) {
     all_ok &= r.ok();
     any_timeout |= r.stop.stopped && r.stop.timeout;
     if (r.rank == 0 || !r.stop.stopped) continue;
-    if (r0.stop.stopped && r.stop.timeout == r0.stop.timeout && r.stop.where == r0.stop.where) continue;
-    stops[fmt::format("{} in {}: {}", r.stop.timeout ? "timed out" : "stopped after an error", r.stop.where,
-                      r.stop.message)]
+    if (r0.stop.stopped && r.stop.timeout == r0.stop.timeout && r.stop.where == r0.stop.where)
+      continue;
+    stops[fmt::format("{} in {}: {}", r.stop.timeout ? "timed out" : "stopped after an error",
+                      r.stop.where, r.stop.message)]
         .push_back(r.rank);
   }
   std::vector<std::string> extra;
   for (const auto& [line, ranks] : stops)
-    extra.push_back(fmt::format("collectives: rank{} {} {}", ranks.size() > 1 ? "s" : "", rank_list(ranks), line));
+    extra.push_back(fmt::format("collectives: rank{} {} {}", ranks.size() > 1 ? "s" : "",
+                                rank_list(ranks), line));
   print(conformance::format_report(r0, extra));
   save(o, r0);
   if (any_timeout) return kExitTimeout;
@@ -114,7 +119,8 @@ int run_mpi(const CheckOptions& o, const LaunchOptions& lo) {
       save(o, r);
     } else if (r.stop.stopped) {
       print(fmt::format("collectives: rank {} {} in {}: {}\n", r.rank,
-                        r.stop.timeout ? "timed out" : "stopped after an error", r.stop.where, r.stop.message));
+                        r.stop.timeout ? "timed out" : "stopped after an error", r.stop.where,
+                        r.stop.message));
     }
     code = exit_code(r);
     if (r.stop.stopped) std::rethrow_exception(r.stop.error);
@@ -151,7 +157,8 @@ DEEPINFER_COMMAND(
     "attributed to (source rank, index); prints a table and `collectives: N passed, M failed`",
     [](CLI::App& app) {
       auto o = std::make_shared<CheckOptions>();
-      app.add_option("--comm", o->comm, "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
+      app.add_option("--comm", o->comm,
+                     "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
           ->check(CLI::IsMember({"local", "mpi"}));
       app.add_option(
              "--world", o->world,
@@ -160,21 +167,25 @@ DEEPINFER_COMMAND(
           ->check(integer_in(1, 1024));
       std::vector<std::string> faults;
       std::string fault_help =
-          "Inject a fault; the suite must then fail (each acts only from some world size up; see README):";
+          "Inject a fault; the suite must then fail (each acts only from some world size up; see "
+          "README):";
       for (const auto& f : fault_names()) {
         faults.emplace_back(f.first);
         fault_help += " " + faults.back();
       }
-      app.add_option("--fault", o->fault, fault_help)
-          ->check(CLI::IsMember(faults));
-      app.add_option("--timeout", o->timeout_s, "Deadline of each collective in seconds (default DEEPINFER_COMM_TIMEOUT_S)")
+      app.add_option("--fault", o->fault, fault_help)->check(CLI::IsMember(faults));
+      app.add_option("--timeout", o->timeout_s,
+                     "Deadline of each collective in seconds (default DEEPINFER_COMM_TIMEOUT_S)")
           ->check(CLI::PositiveNumber);
-      app.add_option("--save-capabilities", o->capabilities_file,
-                     "Write the all_to_all lowerings that passed to FILE (use with DEEPINFER_CAPABILITIES)");
-      auto* quick = app.add_flag("--quick", o->quick,
-                                 "Run the >= 1 MiB size on i32 (and one reduction) only; every op, dtype, split "
-                                 "and small size still runs");
-      app.add_flag("--full", o->full, "Run the >= 1 MiB size on every dtype and reduction")->excludes(quick);
+      app.add_option(
+          "--save-capabilities", o->capabilities_file,
+          "Write the all_to_all lowerings that passed to FILE (use with DEEPINFER_CAPABILITIES)");
+      auto* quick = app.add_flag(
+          "--quick", o->quick,
+          "Run the >= 1 MiB size on i32 (and one reduction) only; every op, dtype, split "
+          "and small size still runs");
+      app.add_flag("--full", o->full, "Run the >= 1 MiB size on every dtype and reduction")
+          ->excludes(quick);
       return [o] { return run_check(*o); };
     });
 

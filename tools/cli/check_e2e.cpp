@@ -1,6 +1,7 @@
-// `deepinfer check e2e`: the end-to-end golden check (docs/architecture.md §7, docs/numerics.md §11). Runs the golden prompts of a
-// model folder (golden/golden.json, written by the independent PyTorch reference) through the
-// engine at EP N: prefill of the prompt ids, then greedy decode of max_new_tokens, and compares
+// `deepinfer check e2e`: the end-to-end golden check (docs/architecture.md §7, docs/numerics.md
+// §11). Runs the golden prompts of a model folder (golden/golden.json, written by the independent
+// PyTorch reference) through the engine at EP N: prefill of the prompt ids, then greedy decode of
+// max_new_tokens, and compares
 //  - fp32 logits at every position: ‖a−b‖/‖b‖ <= --tol (per position);
 //  - argmax: equal wherever the golden top-1/top-2 margin exceeds --margin-tol (100%);
 //  - greedy tokens: identical to the golden continuation;
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/check.h"
 #include "core/env.h"
 #include "model/config.h"
 #include "runtime/engine.h"
@@ -62,7 +64,8 @@ std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, in
   std::ifstream in(path);
   if (!in)
     DI_USAGE(
-        "--model {} has no golden data ({} is missing): check e2e compares against golden/ written by "
+        "--model {} has no golden data ({} is missing): check e2e compares against golden/ written "
+        "by "
         "tools/reference/write_golden.py; give a model folder that has it (models/tiny does)",
         dir, path);
   nlohmann::json j;
@@ -71,7 +74,8 @@ std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, in
   } catch (const std::exception& e) {
     DI_FAIL("{}: invalid JSON: {}", path, e.what());
   }
-  DI_CHECK(j.value("format", "") == "deepinfer-golden-1", "{}: unknown format {}", path, j.value("format", "?"));
+  DI_CHECK(j.value("format", "") == "deepinfer-golden-1", "{}: unknown format {}", path,
+           j.value("format", "?"));
   vocab = j.at("vocab_size").get<int64_t>();
   max_new = j.at("max_new_tokens").get<int64_t>();
   std::vector<GoldenPrompt> out;
@@ -83,15 +87,16 @@ std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, in
     g.positions = p.at("num_positions").get<int64_t>();
     g.margins = p.at("margins").get<std::vector<float>>();
     const auto shape = p.at("logits_shape").get<std::vector<int64_t>>();
-    DI_CHECK(shape.size() == 2 && shape[0] == g.positions && shape[1] == vocab, "{}: prompt {} logits_shape mismatch",
-             path, g.index);
+    DI_CHECK(shape.size() == 2 && shape[0] == g.positions && shape[1] == vocab,
+             "{}: prompt {} logits_shape mismatch", path, g.index);
     const std::string lf = dir + "/golden/" + p.at("logits_file").get<std::string>();
     std::ifstream li(lf, std::ios::binary);
     DI_CHECK(li.good(), "cannot read {}", lf);
     g.logits.resize(size_t(g.positions * vocab));
-    li.read(reinterpret_cast<char*>(g.logits.data()), std::streamsize(g.logits.size() * sizeof(float)));
-    DI_CHECK(li.gcount() == std::streamsize(g.logits.size() * sizeof(float)), "{}: truncated ({} positions x {} expected)",
-             lf, g.positions, vocab);
+    li.read(reinterpret_cast<char*>(g.logits.data()),
+            std::streamsize(g.logits.size() * sizeof(float)));
+    DI_CHECK(li.gcount() == std::streamsize(g.logits.size() * sizeof(float)),
+             "{}: truncated ({} positions x {} expected)", lf, g.positions, vocab);
     if (p.contains("routing")) {
       for (const auto& [layer, r] : p.at("routing").items()) {
         g.moe_layers.push_back(std::stoll(layer));
@@ -167,7 +172,8 @@ int run_check_e2e(const CheckE2eCli& o) {
   uint64_t hash = 14695981039346656037ull;
   float min_router_margin = std::numeric_limits<float>::infinity();
   double worst_rel = 0;
-  DI_CHECK(results.size() == golden.size(), "got {} results for {} prompts", results.size(), golden.size());
+  DI_CHECK(results.size() == golden.size(), "got {} results for {} prompts", results.size(),
+           golden.size());
   for (size_t i = 0; i < golden.size(); ++i) {
     const auto& g = golden[i];
     const auto& r = results[i];
@@ -192,7 +198,8 @@ int run_check_e2e(const CheckE2eCli& o) {
           if (a[v] > a[am]) am = v;
           if (b[v] > b[bm]) bm = v;
         }
-        const double rel = nan ? std::numeric_limits<double>::infinity() : std::sqrt(num / std::max(den, 1e-30));
+        const double rel =
+            nan ? std::numeric_limits<double>::infinity() : std::sqrt(num / std::max(den, 1e-30));
         if (!(rel <= max_rel)) {
           max_rel = rel;
           worst_pos = t;
@@ -204,14 +211,19 @@ int run_check_e2e(const CheckE2eCli& o) {
       }
       worst_rel = std::max(worst_rel, max_rel);
       if (!(max_rel <= o.tol))
-        problems.push_back(fmt::format("logits rel err {:.3e} at position {} > tol {:.1e}", max_rel, worst_pos, o.tol));
-      if (argmax_bad) problems.push_back(fmt::format("argmax differs at {}/{} confident positions", argmax_bad, argmax_checked));
+        problems.push_back(fmt::format("logits rel err {:.3e} at position {} > tol {:.1e}", max_rel,
+                                       worst_pos, o.tol));
+      if (argmax_bad)
+        problems.push_back(
+            fmt::format("argmax differs at {}/{} confident positions", argmax_bad, argmax_checked));
       if (o.verbose)
-        std::printf("  prompt %zu: max rel err %.3e (position %lld), argmax %lld/%lld\n", i, max_rel,
-                    static_cast<long long>(worst_pos), static_cast<long long>(argmax_checked - argmax_bad),
+        std::printf("  prompt %zu: max rel err %.3e (position %lld), argmax %lld/%lld\n", i,
+                    max_rel, static_cast<long long>(worst_pos),
+                    static_cast<long long>(argmax_checked - argmax_bad),
                     static_cast<long long>(argmax_checked));
       // Routing.
-      const int64_t K = g.routing.empty() ? 0 : int64_t(g.routing[0].size()) / std::max<int64_t>(g.positions, 1);
+      const int64_t K =
+          g.routing.empty() ? 0 : int64_t(g.routing[0].size()) / std::max<int64_t>(g.positions, 1);
       int64_t route_bad = 0, route_checked = 0;
       for (size_t l = 0; l < g.moe_layers.size(); ++l) {
         const auto it = std::find(r.moe_layers.begin(), r.moe_layers.end(), g.moe_layers[l]);
@@ -230,9 +242,12 @@ int run_check_e2e(const CheckE2eCli& o) {
           if (a != b) ++route_bad;
         }
       }
-      if (route_bad) problems.push_back(fmt::format("routing differs at {}/{} decisive (token, layer) pairs", route_bad, route_checked));
+      if (route_bad)
+        problems.push_back(fmt::format("routing differs at {}/{} decisive (token, layer) pairs",
+                                       route_bad, route_checked));
     }
-    if (r.tokens != g.generated) problems.push_back("greedy tokens differ from the golden continuation");
+    if (r.tokens != g.generated)
+      problems.push_back("greedy tokens differ from the golden continuation");
     if (problems.empty()) {
       ++passed;
       std::printf("PASS prompt %zu (%lld positions)\n", i, static_cast<long long>(g.positions));
@@ -243,8 +258,8 @@ int run_check_e2e(const CheckE2eCli& o) {
       std::printf("FAIL prompt %zu: %s\n", i, all.c_str());
     }
   }
-  std::printf("worst logits rel err %.3e (tol %.1e); smallest router margin %.3e\n", worst_rel, o.tol,
-              double(min_router_margin));
+  std::printf("worst logits rel err %.3e (tol %.1e); smallest router margin %.3e\n", worst_rel,
+              o.tol, double(min_router_margin));
   const std::string hs = fmt::format("{:016x}", hash);
   std::printf("logits hash: %s\n", hs.c_str());
   if (!o.expect_hash.empty()) {
@@ -253,8 +268,10 @@ int run_check_e2e(const CheckE2eCli& o) {
       std::printf("PASS logits bit-identical to the expected hash\n");
     } else {
       ++failed;
-      std::printf("FAIL logits hash %s != expected %s (exact combine must be bit-identical across EP sizes)\n",
-                  hs.c_str(), o.expect_hash.c_str());
+      std::printf(
+          "FAIL logits hash %s != expected %s (exact combine must be bit-identical across EP "
+          "sizes)\n",
+          hs.c_str(), o.expect_hash.c_str());
     }
   }
   std::printf("e2e: %d passed, %d failed\n", passed, failed);
@@ -262,30 +279,34 @@ int run_check_e2e(const CheckE2eCli& o) {
   return failed ? 1 : 0;
 }
 
-DEEPINFER_COMMAND("check", "e2e",
-                  "End-to-end golden check: logits, greedy tokens and routing of the golden prompts vs the "
-                  "PyTorch reference; last line `e2e: N passed, M failed`",
-                  [](CLI::App& app) {
-                    auto o = std::make_shared<CheckE2eCli>();
-                    app.add_option("--model", o->model, "Model folder with golden/ (default models/tiny)")
-                        ->default_val("models/tiny");
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
-                        ->check(integer_in(1, 1024));
-                    app.add_option("--comm", o->comm, "local or mpi (default DEEPINFER_COMM)")
-                        ->check(CLI::IsMember({"local", "mpi"}));
-                    app.add_option("--algo", o->algo, "EP algorithm ag|a2a|auto (default DEEPINFER_EP_ALGO)")
-                        ->check(CLI::IsMember({"ag", "a2a", "auto"}));
-                    app.add_option("--combine", o->combine, "exact|fast (default DEEPINFER_EP_COMBINE)")
-                        ->check(CLI::IsMember({"exact", "fast"}));
-                    app.add_option("--tol", o->tol, "Per-position ‖a−b‖/‖b‖ tolerance of the logits (default 5e-3)");
-                    app.add_option("--margin-tol", o->margin_tol,
-                                   "Argmax must agree where the golden top-1/top-2 margin exceeds this (default 0.05)");
-                    app.add_option("--router-tol", o->router_tol,
-                                   "Routing must agree where the golden router margin exceeds this (default 1e-3)");
-                    app.add_option("--expect-hash", o->expect_hash, "Fail unless the logits hash equals this");
-                    app.add_flag("--verbose", o->verbose, "Per-prompt error figures");
-                    return [o] { return run_check_e2e(*o); };
-                  });
+DEEPINFER_COMMAND(
+    "check", "e2e",
+    "End-to-end golden check: logits, greedy tokens and routing of the golden prompts vs the "
+    "PyTorch reference; last line `e2e: N passed, M failed`",
+    [](CLI::App& app) {
+      auto o = std::make_shared<CheckE2eCli>();
+      app.add_option("--model", o->model, "Model folder with golden/ (default models/tiny)")
+          ->default_val("models/tiny");
+      app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
+          ->check(integer_in(1, 1024));
+      app.add_option("--comm", o->comm, "local or mpi (default DEEPINFER_COMM)")
+          ->check(CLI::IsMember({"local", "mpi"}));
+      app.add_option("--algo", o->algo, "EP algorithm ag|a2a|auto (default DEEPINFER_EP_ALGO)")
+          ->check(CLI::IsMember({"ag", "a2a", "auto"}));
+      app.add_option("--combine", o->combine, "exact|fast (default DEEPINFER_EP_COMBINE)")
+          ->check(CLI::IsMember({"exact", "fast"}));
+      app.add_option("--tol", o->tol,
+                     "Per-position ‖a−b‖/‖b‖ tolerance of the logits (default 5e-3)");
+      app.add_option(
+          "--margin-tol", o->margin_tol,
+          "Argmax must agree where the golden top-1/top-2 margin exceeds this (default 0.05)");
+      app.add_option(
+          "--router-tol", o->router_tol,
+          "Routing must agree where the golden router margin exceeds this (default 1e-3)");
+      app.add_option("--expect-hash", o->expect_hash, "Fail unless the logits hash equals this");
+      app.add_flag("--verbose", o->verbose, "Per-prompt error figures");
+      return [o] { return run_check_e2e(*o); };
+    });
 
 }  // namespace
 }  // namespace deepinfer::cli

@@ -1,9 +1,10 @@
 // `deepinfer check ep`: the EPBuffer matrix (src/ep/check_ep.h) on `local` (--world threads) or
 // under mpirun (--comm mpi), optionally through a faulty backend. Last line:
 // `ep: N passed, M failed`; exit code 1 on any failure.
+#include "ep/check_ep.h"
+
 #include <deepinfer/comm.h>
 #include <deepinfer/ep.h>
-
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -13,7 +14,6 @@
 
 #include "command.h"
 #include "core/env.h"
-#include "ep/check_ep.h"
 #include "runtime/launch.h"
 
 namespace deepinfer::cli {
@@ -48,7 +48,8 @@ int run_check_ep_cli(const CheckEpCli& o) {
   co.tokens = o.tokens;
   if (o.algo != "all")
     co.algos = {o.algo == "ag" ? EpAlgo::ag : (o.algo == "a2a" ? EpAlgo::a2a : EpAlgo::automatic)};
-  if (o.combine != "all") co.combines = {o.combine == "fast" ? CombineMode::fast : CombineMode::exact};
+  if (o.combine != "all")
+    co.combines = {o.combine == "fast" ? CombineMode::fast : CombineMode::exact};
   ep::CheckEpResult res;
   bool printer = false;
   runtime::run_ranks_with_pools(lo, [&](Group& g) {
@@ -72,9 +73,11 @@ DEEPINFER_COMMAND(
     "`ep: N passed, M failed`",
     [](CLI::App& app) {
       auto o = std::make_shared<CheckEpCli>();
-      app.add_option("--comm", o->comm, "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
+      app.add_option("--comm", o->comm,
+                     "Backend: local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
           ->check(CLI::IsMember({"local", "mpi"}));
-      app.add_option("--world", o->world, "Ranks: local threads (default 4); mpi checks it against mpirun -np")
+      app.add_option("--world", o->world,
+                     "Ranks: local threads (default 4); mpi checks it against mpirun -np")
           ->check(CLI::Range(1, 1024));
       app.add_option("--algo", o->algo, "ag, a2a, auto or all (default all)")
           ->check(CLI::IsMember({"ag", "a2a", "auto", "all"}));
@@ -88,18 +91,22 @@ DEEPINFER_COMMAND(
       }
       app.add_option("--fault", o->fault, "Run through a faulty backend: " + fault_list)
           ->check(CLI::IsMember(faults));
-      app.add_option("--timeout", o->timeout_s, "Deadline of each collective in seconds (default DEEPINFER_COMM_TIMEOUT_S)")
+      app.add_option("--timeout", o->timeout_s,
+                     "Deadline of each collective in seconds (default DEEPINFER_COMM_TIMEOUT_S)")
           ->check(CLI::PositiveNumber);
       app.add_option("--seed", o->seed, "Seed of the generated inputs (default 1)");
       app.add_flag("--verbose", o->verbose, "One line per case");
       app.add_flag("--full", o->full, "No pruning of the ag variants at large worlds");
       app.add_option("--hidden", o->hidden,
-                     "Hidden size of every case (default: small, by world); e.g. 8192 makes the a2a calls large "
+                     "Hidden size of every case (default: small, by world); e.g. 8192 makes the "
+                     "a2a calls large "
                      "enough for their bandwidth lowerings")
           ->check(CLI::Range(1, 1 << 16));
-      app.add_option("--tokens", o->tokens,
-                     "Max tokens per rank M of every case (default: small, by world); with --hidden 8192, "
-                     "--tokens 1024 makes a2a dispatch past 32 MiB a call, where on local the sources write")
+      app.add_option(
+             "--tokens", o->tokens,
+             "Max tokens per rank M of every case (default: small, by world); with --hidden 8192, "
+             "--tokens 1024 makes a2a dispatch past 32 MiB a call, where on local the sources "
+             "write")
           ->check(CLI::Range(1, 1 << 16));
       return [o] { return run_check_ep_cli(*o); };
     });

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::cli {
 
 // Adds the command's options to `app` and returns the function that runs it (exit code).
@@ -52,7 +54,8 @@ void check_mpi_world(CommKind comm, int world, const std::string& option);
 
 #define DEEPINFER_CONCAT_(a, b) a##b
 #define DEEPINFER_CONCAT(a, b) DEEPINFER_CONCAT_(a, b)
-// DEEPINFER_COMMAND("check", "collectives", "help text", [](CLI::App& app) { ...; return [=] { return 0; }; });
-#define DEEPINFER_COMMAND(group, name, help, setup)                   \
+// DEEPINFER_COMMAND("check", "collectives", "help text", [](CLI::App& app) { ...; return [=] {
+// return 0; }; });
+#define DEEPINFER_COMMAND(group, name, help, setup)                  \
   static const bool DEEPINFER_CONCAT(deepinfer_command_, __LINE__) = \
       ::deepinfer::cli::register_command({group, name, help, setup})

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/check.h"
 #include "core/env.h"
 #include "core/paths.h"
 #include "kernels/diff/diff_recorder.h"
@@ -121,10 +122,12 @@ int run_diff(const DiffCli& o) {
     if (rank != 0) return;
     const kd::DiffReport rep = kd::make_report(rows);
     const kd::ReportOptions ro{.top = o.top};
-    std::fputs(fmt::format("deepinfer diff: {} backend vs host, {} prompt(s), {} new token(s) each, {} rank(s)\n",
-                           o.backend, prompts.size(), o.max_tokens, W)
-                   .c_str(),
-               stdout);
+    std::fputs(
+        fmt::format(
+            "deepinfer diff: {} backend vs host, {} prompt(s), {} new token(s) each, {} rank(s)\n",
+            o.backend, prompts.size(), o.max_tokens, W)
+            .c_str(),
+        stdout);
     std::fputs(kd::format_report(rep, ro).c_str(), stdout);
     std::fflush(stdout);
     if (!o.json.empty()) {
@@ -140,27 +143,30 @@ int run_diff(const DiffCli& o) {
   return exit_code.load();
 }
 
-DEEPINFER_COMMAND("", "diff", "Replay every kernel call of a run on the host reference and rank kernels by error",
-                  [](CLI::App& app) {
-                    auto o = std::make_shared<DiffCli>();
-                    app.add_option("--model", o->model, "Checkpoint folder (config.json, safetensors, tokenizer.json)")
-                        ->required();
-                    app.add_option("--prompt", o->prompts, "Prompt text (repeatable)");
-                    app.add_flag("--golden", o->golden, "Use the model's golden/prompts.txt");
-                    app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
-                        ->check(integer_in(1, 1024));
-                    app.add_option("--comm", o->comm, "local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
-                        ->check(CLI::IsMember({"local", "mpi"}));
-                    app.add_option("--backend", o->backend, "Backend under test: cpu (default) or host (self-check)")
-                        ->check(CLI::IsMember({"cpu", "host"}));
-                    app.add_option("--top", o->top, "Calls listed in the ranking (default 20)")
-                        ->check(integer_in(0, 1 << 20));
-                    app.add_option("--json", o->json, "Also write the report as JSON to FILE");
-                    app.add_option("--max-tokens", o->max_tokens,
-                                   "New tokens per prompt (default 4)")
-                        ->check(integer_in(1, int64_t(1) << 20));
-                    return [o] { return run_diff(*o); };
-                  });
+DEEPINFER_COMMAND(
+    "", "diff", "Replay every kernel call of a run on the host reference and rank kernels by error",
+    [](CLI::App& app) {
+      auto o = std::make_shared<DiffCli>();
+      app.add_option("--model", o->model,
+                     "Checkpoint folder (config.json, safetensors, tokenizer.json)")
+          ->required();
+      app.add_option("--prompt", o->prompts, "Prompt text (repeatable)");
+      app.add_flag("--golden", o->golden, "Use the model's golden/prompts.txt");
+      app.add_option("--ep", o->ep, "Expert-parallel ranks (default 1)")
+          ->check(integer_in(1, 1024));
+      app.add_option("--comm", o->comm,
+                     "local (threads) or mpi (under mpirun); default DEEPINFER_COMM")
+          ->check(CLI::IsMember({"local", "mpi"}));
+      app.add_option("--backend", o->backend,
+                     "Backend under test: cpu (default) or host (self-check)")
+          ->check(CLI::IsMember({"cpu", "host"}));
+      app.add_option("--top", o->top, "Calls listed in the ranking (default 20)")
+          ->check(integer_in(0, 1 << 20));
+      app.add_option("--json", o->json, "Also write the report as JSON to FILE");
+      app.add_option("--max-tokens", o->max_tokens, "New tokens per prompt (default 4)")
+          ->check(integer_in(1, int64_t(1) << 20));
+      return [o] { return run_diff(*o); };
+    });
 
 }  // namespace
 }  // namespace deepinfer::cli

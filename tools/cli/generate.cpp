@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/check.h"
 #include "model/config.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
@@ -69,7 +70,8 @@ Prepared prepare(const GenerateCli& o) {
     DI_USAGE("{}", p);
   if (o.gemm == "bf16" && o.quantize == "fp8")
     DI_USAGE(
-        "--gemm bf16 and --quantize fp8 contradict each other: --quantize fp8 makes FP8 weights for the fp8 "
+        "--gemm bf16 and --quantize fp8 contradict each other: --quantize fp8 makes FP8 weights "
+        "for the fp8 "
         "GEMMs, while --gemm bf16 runs every linear layer in BF16. Drop one of them");
   const CommKind comm = resolve_comm(o.comm);
   check_mpi_world(comm, o.ep, "--ep");
@@ -89,7 +91,8 @@ Prepared prepare(const GenerateCli& o) {
   }
   if (prompts.empty())
     DI_USAGE(
-        "no prompt: give --prompt TEXT, or --prompts-file FILE with one prompt per line (- for stdin)");
+        "no prompt: give --prompt TEXT, or --prompts-file FILE with one prompt per line (- for "
+        "stdin)");
   const model::ModelConfig cfg = model::load_config(o.model);
   Tokenizer tok = Tokenizer::from_dir(o.model);
   std::vector<std::vector<int32_t>> ids;
@@ -218,55 +221,54 @@ int run_generate(const GenerateCli& o) {
   return 0;
 }
 
-DEEPINFER_COMMAND("", "generate", "Generate text from a DeepSeek checkpoint, streaming tokens to stdout",
-                  [](CLI::App& app) {
-                    auto o = std::make_shared<GenerateCli>();
-                    app.add_option("--model", o->model, "Checkpoint folder (config.json, safetensors, tokenizer.json)")
-                        ->required();
-                    auto* prompt = app.add_option(
-                        "--prompt", o->prompts, "Prompt text (repeatable; output [i] is the i-th)");
-                    app.add_option(
-                           "--prompts-file", o->prompts_file,
-                           "File with one prompt per line, - for stdin; output [i] is line i counting from 0 "
-                           "(empty lines hold no prompt but keep their number; CRLF is fine)")
-                        ->excludes(prompt);
-                    app.add_option("--max-tokens", o->max_tokens,
-                                   "New tokens per prompt (default 64)")
-                        ->check(integer_in(1, int64_t(1) << 20));
-                    app.add_option("--temperature", o->temperature,
-                                   "Sampling temperature >= 0; 0 = greedy (default)")
-                        ->check(a_number());
-                    app.add_option("--top-p", o->top_p,
-                                   "Nucleus sampling threshold in (0, 1] (default 1)")
-                        ->check(a_number());
-                    app.add_option("--top-k", o->top_k,
-                                   "Keep the k most likely tokens, k >= 0; 0 = all (default)")
-                        ->check(integer_in(INT32_MIN, INT32_MAX, "INT >= 0"));
-                    app.add_option("--seed", o->seed, "Sampling seed (default 0)")
-                        ->check(integer_in(0, INT64_MAX, "INT >= 0"));
-                    app.add_option("--ep", o->ep,
-                                   "Expert-parallel ranks (default 1; under mpirun, the processes)")
-                        ->check(integer_in(1, 1024));
-                    app.add_option("--comm", o->comm,
-                                   "local (threads) or mpi (one process per rank); default: mpi when started by "
-                                   "mpirun/srun with several processes, else DEEPINFER_COMM")
-                        ->check(CLI::IsMember({"local", "mpi"}));
-                    app.add_option("--algo", o->algo, "EP algorithm ag|a2a|auto (default DEEPINFER_EP_ALGO)")
-                        ->check(CLI::IsMember({"ag", "a2a", "auto"}));
-                    app.add_flag("--chat", o->chat, "Wrap the prompt in the DeepSeek-V3 chat format");
-                    app.add_option("--gemm", o->gemm, "Linear layers: fp8 (block-scaled, default) or bf16")
-                        ->check(CLI::IsMember({"fp8", "bf16"}));
-                    app.add_option(
-                           "--quantize", o->quantize,
-                           "fp8: quantize BF16 weights to FP8 128x128 at load (for --gemm fp8)")
-                        ->check(CLI::IsMember({"fp8"}));
-                    app.add_option("--max-step-tokens", o->max_tokens_per_step,
-                                   "New tokens per forward per rank; longer prompts prefill in "
-                                   "chunks (default 256)")
-                        ->check(integer_in(1, int64_t(1) << 20));
-                    app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
-                    return [o] { return run_generate(*o); };
-                  });
+DEEPINFER_COMMAND(
+    "", "generate", "Generate text from a DeepSeek checkpoint, streaming tokens to stdout",
+    [](CLI::App& app) {
+      auto o = std::make_shared<GenerateCli>();
+      app.add_option("--model", o->model,
+                     "Checkpoint folder (config.json, safetensors, tokenizer.json)")
+          ->required();
+      auto* prompt = app.add_option("--prompt", o->prompts,
+                                    "Prompt text (repeatable; output [i] is the i-th)");
+      app.add_option(
+             "--prompts-file", o->prompts_file,
+             "File with one prompt per line, - for stdin; output [i] is line i counting from 0 "
+             "(empty lines hold no prompt but keep their number; CRLF is fine)")
+          ->excludes(prompt);
+      app.add_option("--max-tokens", o->max_tokens, "New tokens per prompt (default 64)")
+          ->check(integer_in(1, int64_t(1) << 20));
+      app.add_option("--temperature", o->temperature,
+                     "Sampling temperature >= 0; 0 = greedy (default)")
+          ->check(a_number());
+      app.add_option("--top-p", o->top_p, "Nucleus sampling threshold in (0, 1] (default 1)")
+          ->check(a_number());
+      app.add_option("--top-k", o->top_k,
+                     "Keep the k most likely tokens, k >= 0; 0 = all (default)")
+          ->check(integer_in(INT32_MIN, INT32_MAX, "INT >= 0"));
+      app.add_option("--seed", o->seed, "Sampling seed (default 0)")
+          ->check(integer_in(0, INT64_MAX, "INT >= 0"));
+      app.add_option("--ep", o->ep,
+                     "Expert-parallel ranks (default 1; under mpirun, the processes)")
+          ->check(integer_in(1, 1024));
+      app.add_option("--comm", o->comm,
+                     "local (threads) or mpi (one process per rank); default: mpi when started by "
+                     "mpirun/srun with several processes, else DEEPINFER_COMM")
+          ->check(CLI::IsMember({"local", "mpi"}));
+      app.add_option("--algo", o->algo, "EP algorithm ag|a2a|auto (default DEEPINFER_EP_ALGO)")
+          ->check(CLI::IsMember({"ag", "a2a", "auto"}));
+      app.add_flag("--chat", o->chat, "Wrap the prompt in the DeepSeek-V3 chat format");
+      app.add_option("--gemm", o->gemm, "Linear layers: fp8 (block-scaled, default) or bf16")
+          ->check(CLI::IsMember({"fp8", "bf16"}));
+      app.add_option("--quantize", o->quantize,
+                     "fp8: quantize BF16 weights to FP8 128x128 at load (for --gemm fp8)")
+          ->check(CLI::IsMember({"fp8"}));
+      app.add_option("--max-step-tokens", o->max_tokens_per_step,
+                     "New tokens per forward per rank; longer prompts prefill in "
+                     "chunks (default 256)")
+          ->check(integer_in(1, int64_t(1) << 20));
+      app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
+      return [o] { return run_generate(*o); };
+    });
 
 }  // namespace
 }  // namespace deepinfer::cli

@@ -4,6 +4,7 @@
 #include <deepinfer/error.h>
 #include <deepinfer/tensor.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include "comm/platform.h"
 #include "command.h"
+#include "core/check.h"
 #include "core/env.h"
 #include "kernels/registry.h"
 
@@ -78,13 +80,15 @@ void check_mpi_world(CommKind comm, int world, const std::string& option) {
   const auto launch = multi_process_launch();
   if (!launch)
     DI_USAGE(
-        "{0} {1} with --comm mpi needs {1} processes, one per rank, but this one was not started by "
+        "{0} {1} with --comm mpi needs {1} processes, one per rank, but this one was not started "
+        "by "
         "mpirun: launch it as `mpirun -np {1} deepinfer ...`, or use --comm local to run {1} rank "
         "threads in this process",
         option, world);
   if (launch->processes != world)
     DI_USAGE(
-        "{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch sets it)",
+        "{0} {1} but mpirun started {2} processes: use `mpirun -np {1}`, or drop {0} (the launch "
+        "sets it)",
         option, world, launch->processes);
 }
 
@@ -101,13 +105,21 @@ bool other_rank_of_a_launch() {
 }
 
 // "generate, tokenize, diff, check collectives|ep|kernels|e2e, bench ..."
+// Sorted by name, so the list does not depend on the order the command files are linked in.
+std::vector<const CLI::App*> sorted_subcommands(const CLI::App& app) {
+  std::vector<const CLI::App*> subs = app.get_subcommands({});
+  std::sort(subs.begin(), subs.end(),
+            [](const CLI::App* a, const CLI::App* b) { return a->get_name() < b->get_name(); });
+  return subs;
+}
+
 std::string command_list(const CLI::App& app) {
   std::string s;
-  for (const CLI::App* sub : app.get_subcommands({})) {
+  for (const CLI::App* sub : sorted_subcommands(app)) {
     if (!s.empty()) s += ", ";
     s += sub->get_name();
     std::string inner;
-    for (const CLI::App* leaf : sub->get_subcommands({}))
+    for (const CLI::App* leaf : sorted_subcommands(*sub))
       inner += (inner.empty() ? " " : "|") + leaf->get_name();
     s += inner;
   }
@@ -166,7 +178,9 @@ int check_command_words(const CLI::App& app, int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace deepinfer;
   keep_freed_host_memory();
-  CLI::App app{"deepinfer: DeepSeek-architecture MoE inference with expert parallelism over any collective backend"};
+  CLI::App app{
+      "deepinfer: DeepSeek-architecture MoE inference with expert parallelism over any collective "
+      "backend"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("deepinfer ") + DEEPINFER_VERSION,
                        "Print the version and exit");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/check.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer::cli {
@@ -35,7 +36,8 @@ Tokenizer load_tokenizer(const TokenizeCli& o) {
   std::error_code ec;
   if (!o.model.empty() && !std::filesystem::is_directory(o.model, ec))
     DI_USAGE(
-        "--model {}: no such folder; give the model folder that holds tokenizer.json (e.g. models/tiny)",
+        "--model {}: no such folder; give the model folder that holds tokenizer.json (e.g. "
+        "models/tiny)",
         o.model);
   if (!std::filesystem::is_regular_file(path, ec))
     DI_USAGE(
@@ -100,26 +102,29 @@ int run_tokenize(const TokenizeCli& o) {
   return 0;
 }
 
-DEEPINFER_COMMAND(
-    "", "tokenize",
-    "Encode text to token ids (one line, space-separated) or decode ids to text with a model's tokenizer",
-    [](CLI::App& app) {
-      auto o = std::make_shared<TokenizeCli>();
-      auto* model = app.add_option("--model", o->model, "Model folder holding tokenizer.json");
-      app.add_option("--tokenizer", o->tokenizer,
-                     "A tokenizer.json file (tokenizer_config.json "
-                     "next to it is read too)")
-          ->excludes(model);
-      auto* text = app.add_option("--text", o->text, "Text to encode");
-      auto* file = app.add_option("--file", o->file, "File to encode (all of it; - for stdin)")
-                       ->excludes(text);
-      app.add_option("--decode", o->decode, "Token ids to decode, separated by spaces")
-          ->excludes(text)
-          ->excludes(file);
-      app.add_flag("--no-bos", o->no_bos,
-                   "Encode without the special tokens the tokenizer adds (the BOS)");
-      return [o] { return run_tokenize(*o); };
-    });
+DEEPINFER_COMMAND("", "tokenize",
+                  "Encode text to token ids (one line, space-separated) or decode ids to text with "
+                  "a model's tokenizer",
+                  [](CLI::App& app) {
+                    auto o = std::make_shared<TokenizeCli>();
+                    auto* model =
+                        app.add_option("--model", o->model, "Model folder holding tokenizer.json");
+                    app.add_option("--tokenizer", o->tokenizer,
+                                   "A tokenizer.json file (tokenizer_config.json "
+                                   "next to it is read too)")
+                        ->excludes(model);
+                    auto* text = app.add_option("--text", o->text, "Text to encode");
+                    auto* file =
+                        app.add_option("--file", o->file, "File to encode (all of it; - for stdin)")
+                            ->excludes(text);
+                    app.add_option("--decode", o->decode,
+                                   "Token ids to decode, separated by spaces")
+                        ->excludes(text)
+                        ->excludes(file);
+                    app.add_flag("--no-bos", o->no_bos,
+                                 "Encode without the special tokens the tokenizer adds (the BOS)");
+                    return [o] { return run_tokenize(*o); };
+                  });
 
 }  // namespace
 }  // namespace deepinfer::cli

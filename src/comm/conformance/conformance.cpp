@@ -16,6 +16,7 @@
 
 #include "comm/conformance/patterns.h"
 #include "comm/conformance/reduce_gen.h"
+#include "core/check.h"
 
 namespace deepinfer::conformance {
 
@@ -27,7 +28,8 @@ constexpr size_t kOddUnit = 309;      // odd per-peer unit of the _v ops (totals
 
 // The dtypes each op sweeps. Byte-moving ops see dtype only as an element size (and as a
 // fault-injection hook); reductions run on every dtype the interface allows.
-constexpr std::array kMoveDtypes = {DType::i32, DType::i64, DType::f32, DType::f64, DType::bf16, DType::u8};
+constexpr std::array kMoveDtypes = {DType::i32, DType::i64,  DType::f32,
+                                    DType::f64, DType::bf16, DType::u8};
 constexpr std::array kVDtypes = {DType::i32, DType::f64, DType::bf16, DType::u8};
 constexpr std::array kBcastDtypes = {DType::i32, DType::f64, DType::bf16, DType::u8};
 constexpr std::array kReduceDtypes = {DType::f32, DType::f64, DType::i32, DType::i64};
@@ -41,9 +43,12 @@ bool large_move(OpClass c, DType t, Coverage cov) {
   if (cov == Coverage::full || t == DType::i32) return true;
   if (cov == Coverage::quick) return false;
   switch (c) {
-    case OpClass::move: return t == DType::f64 || t == DType::u8;
-    case OpClass::bcast: return t == DType::bf16;
-    case OpClass::vmove: return false;
+    case OpClass::move:
+      return t == DType::f64 || t == DType::u8;
+    case OpClass::bcast:
+      return t == DType::bf16;
+    case OpClass::vmove:
+      return false;
   }
   return false;
 }
@@ -68,9 +73,9 @@ class Arena {
   std::vector<std::byte> mem_;
 };
 
-constexpr uint32_t kFlagOverrun = 1;        // bytes after the output buffer were written
-constexpr uint32_t kFlagSendModified = 2;   // the send buffer changed
-constexpr uint32_t kFlagBarrierEarly = 4;   // a rank left the barrier before another entered
+constexpr uint32_t kFlagOverrun = 1;       // bytes after the output buffer were written
+constexpr uint32_t kFlagSendModified = 2;  // the send buffer changed
+constexpr uint32_t kFlagBarrierEarly = 4;  // a rank left the barrier before another entered
 
 // One rank's verdict on one case: fixed size, so every rank's records travel in one all_gather.
 struct Record {
@@ -102,7 +107,8 @@ class OutBuffer {
   std::byte* data() { return mem_; }
   const std::byte* data() const { return mem_; }
   bool guard_intact() const {
-    return std::all_of(mem_ + bytes_, mem_ + bytes_ + kGuardBytes, [](std::byte b) { return b == kSentinel; });
+    return std::all_of(mem_ + bytes_, mem_ + bytes_ + kGuardBytes,
+                       [](std::byte b) { return b == kSentinel; });
   }
 
  private:
@@ -113,7 +119,8 @@ class OutBuffer {
 // A send buffer and a copy of it, to detect a backend that writes into its input.
 class SendBuffer {
  public:
-  SendBuffer(Arena& arena, Arena& copy, size_t bytes) : bytes_(bytes), mem_(arena.get(bytes)), copy_(copy.get(bytes)) {}
+  SendBuffer(Arena& arena, Arena& copy, size_t bytes)
+      : bytes_(bytes), mem_(arena.get(bytes)), copy_(copy.get(bytes)) {}
   std::byte* data() { return mem_; }
   void snapshot() { std::memcpy(copy_, mem_, bytes_); }
   bool modified() const { return std::memcmp(copy_, mem_, bytes_) != 0; }
@@ -138,10 +145,18 @@ void check_block_es(Record& rec, const std::byte* p, size_t n, DType dt, uint64_
 // Checks n elements at p against pattern (dt, seed), attributing mismatches to `src`.
 void check_block(Record& rec, const std::byte* p, size_t n, DType dt, uint64_t seed, int src) {
   switch (dtype_size(dt)) {
-    case 8: check_block_es<8>(rec, p, n, dt, seed, src); break;
-    case 4: check_block_es<4>(rec, p, n, dt, seed, src); break;
-    case 2: check_block_es<2>(rec, p, n, dt, seed, src); break;
-    default: check_block_es<1>(rec, p, n, dt, seed, src); break;
+    case 8:
+      check_block_es<8>(rec, p, n, dt, seed, src);
+      break;
+    case 4:
+      check_block_es<4>(rec, p, n, dt, seed, src);
+      break;
+    case 2:
+      check_block_es<2>(rec, p, n, dt, seed, src);
+      break;
+    default:
+      check_block_es<1>(rec, p, n, dt, seed, src);
+      break;
   }
 }
 
@@ -161,11 +176,16 @@ enum class Split : uint8_t { even, uneven, empty, mixed, zero };
 
 std::string_view split_name(Split s) {
   switch (s) {
-    case Split::even: return "even";
-    case Split::uneven: return "uneven";
-    case Split::empty: return "empty-peers";
-    case Split::mixed: return "mixed";
-    case Split::zero: return "all-empty";
+    case Split::even:
+      return "even";
+    case Split::uneven:
+      return "uneven";
+    case Split::empty:
+      return "empty-peers";
+    case Split::mixed:
+      return "mixed";
+    case Split::zero:
+      return "all-empty";
   }
   return "?";
 }
@@ -176,11 +196,16 @@ std::string_view split_name(Split s) {
 size_t a2av_count(Split sp, int s, int d, size_t u) {
   const size_t uneven = u * size_t(1 + (s + 2 * d) % 4) + size_t((s + d) % 2);
   switch (sp) {
-    case Split::even: return u;
-    case Split::uneven: return uneven;
-    case Split::empty: return (s + d) % 3 == 0 ? 0 : uneven;
-    case Split::mixed: return s % 2 == 0 ? u : uneven;
-    case Split::zero: return 0;
+    case Split::even:
+      return u;
+    case Split::uneven:
+      return uneven;
+    case Split::empty:
+      return (s + d) % 3 == 0 ? 0 : uneven;
+    case Split::mixed:
+      return s % 2 == 0 ? u : uneven;
+    case Split::zero:
+      return 0;
   }
   return 0;
 }
@@ -200,10 +225,14 @@ size_t a2av_max_recv(Split sp, int world, size_t u) {
 size_t agv_count(Split sp, int r, size_t u) {
   const size_t uneven = u * size_t(1 + r % 4) + size_t(r % 2);
   switch (sp) {
-    case Split::uneven: return uneven;
-    case Split::empty: return r % 3 == 1 ? 0 : uneven;
-    case Split::zero: return 0;
-    default: return u;
+    case Split::uneven:
+      return uneven;
+    case Split::empty:
+      return r % 3 == 1 ? 0 : uneven;
+    case Split::zero:
+      return 0;
+    default:
+      return u;
   }
 }
 
@@ -230,7 +259,8 @@ class Suite {
 
   // Sizes every op sweeps: 0, 1, odd and one with >= kLargeBytes of output per rank, given
   // how many output elements one unit of `n` makes (world for all_gather, 1 for all_reduce).
-  std::vector<std::pair<std::string, size_t>> sizes(DType dt, size_t out_per_unit, bool large) const {
+  std::vector<std::pair<std::string, size_t>> sizes(DType dt, size_t out_per_unit,
+                                                    bool large) const {
     std::vector<std::pair<std::string, size_t>> s = {{"0", 0}, {"1", 1}, {"odd", kOddCount}};
     if (large) {
       const size_t unit_bytes = dtype_size(dt) * out_per_unit;
@@ -241,8 +271,10 @@ class Suite {
 
   uint64_t next_salt() { return mix64(0xc0117ec7ull + ++case_counter_); }
 
-  void begin(std::string op, std::string dtype, std::string name, std::string size, size_t elements) {
-    current_ = CaseResult{std::move(op), std::move(dtype), std::move(name), std::move(size), elements, 0, {}};
+  void begin(std::string op, std::string dtype, std::string name, std::string size,
+             size_t elements) {
+    current_ = CaseResult{
+        std::move(op), std::move(dtype), std::move(name), std::move(size), elements, 0, {}};
     where_ = fmt::format("{} ({} elements out per rank)", current_.label(world_), elements);
     in_case_ = true;
   }
@@ -292,7 +324,8 @@ void Suite::op_barrier() {
   // The last rank enters late; no rank may leave before it entered (same-host clocks only).
   begin("barrier", "-", "skewed entry", "-", 0);
   using namespace std::chrono;
-  if (me_ == world_ - 1 && world_ > 1) std::this_thread::sleep_for(duration<double>(kBarrierSkewSeconds));
+  if (me_ == world_ - 1 && world_ > 1)
+    std::this_thread::sleep_for(duration<double>(kBarrierSkewSeconds));
   const int64_t enter = duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
   g_.barrier();
   const int64_t leave = duration_cast<nanoseconds>(steady_clock::now().time_since_epoch()).count();
@@ -309,7 +342,8 @@ void Suite::op_barrier() {
   }
   if (same_host && all[3 * size_t(me_) + 1] < all[3 * size_t(latest)]) {
     rec.flags |= kFlagBarrierEarly;
-    rec.mismatch(me_, latest, uint64_t(all[3 * size_t(latest)]), uint64_t(all[3 * size_t(me_) + 1]));
+    rec.mismatch(me_, latest, uint64_t(all[3 * size_t(latest)]),
+                 uint64_t(all[3 * size_t(me_) + 1]));
   }
   finish(DType::i64, rec);
 
@@ -342,7 +376,8 @@ void Suite::op_broadcast() {
 
 void Suite::op_all_gather() {
   for (DType dt : kMoveDtypes) {
-    for (const auto& [size, n] : sizes(dt, size_t(world_), large_move(OpClass::move, dt, opts_.coverage))) {
+    for (const auto& [size, n] :
+         sizes(dt, size_t(world_), large_move(OpClass::move, dt, opts_.coverage))) {
       begin("all_gather", std::string(dtype_name(dt)), "-", size, n * size_t(world_));
       const size_t es = dtype_size(dt);
       const uint64_t salt = next_salt();
@@ -366,17 +401,20 @@ void Suite::op_all_gather_v() {
     for (Split sp : {Split::uneven, Split::empty, Split::zero}) {
       // Per-rank units: 1, odd, and one giving >= kLargeBytes in total.
       std::vector<std::pair<std::string, size_t>> units = {{"1", 1}, {"odd", kOddUnit}};
-      if (sp == Split::zero) units = {{"0", 1}};
+      if (sp == Split::zero)
+        units = {{"0", 1}};
       else if (large_move(OpClass::vmove, dt, opts_.coverage)) {
         size_t per_unit = 0;
         for (int r = 0; r < world_; ++r) per_unit += agv_count(sp, r, 1);
-        if (per_unit > 0) units.emplace_back(">=1MiB", (kLargeBytes + per_unit * es - 1) / (per_unit * es));
+        if (per_unit > 0)
+          units.emplace_back(">=1MiB", (kLargeBytes + per_unit * es - 1) / (per_unit * es));
       }
       for (const auto& [size, u] : units) {
         std::vector<size_t> counts(static_cast<size_t>(world_));
         size_t total = 0;
         for (int r = 0; r < world_; ++r) total += counts[size_t(r)] = agv_count(sp, r, u);
-        begin("all_gather_v", std::string(dtype_name(dt)), std::string(split_name(sp)), size, total);
+        begin("all_gather_v", std::string(dtype_name(dt)), std::string(split_name(sp)), size,
+              total);
         const uint64_t salt = next_salt();
         const size_t mine = counts[size_t(me_)];
         SendBuffer send(send_arena_, copy_arena_, mine * es);
@@ -387,7 +425,8 @@ void Suite::op_all_gather_v() {
         Record rec;
         size_t off = 0;
         for (int r = 0; r < world_; ++r) {
-          check_block(rec, recv.data() + off * es, counts[size_t(r)], dt, block_seed(salt, r, 0), r);
+          check_block(rec, recv.data() + off * es, counts[size_t(r)], dt, block_seed(salt, r, 0),
+                      r);
           off += counts[size_t(r)];
         }
         check_buffers(rec, recv, send);
@@ -399,9 +438,10 @@ void Suite::op_all_gather_v() {
 
 template <class T>
 void Suite::all_reduce_case(DType dt, ReduceOp op, const std::string& size, size_t n) {
-  begin("all_reduce", std::string(dtype_name(dt)), std::string(op == ReduceOp::sum   ? "sum"
-                                                                : op == ReduceOp::max ? "max"
-                                                                                      : "min"),
+  begin("all_reduce", std::string(dtype_name(dt)),
+        std::string(op == ReduceOp::sum   ? "sum"
+                    : op == ReduceOp::max ? "max"
+                                          : "min"),
         size, n);
   const ReduceGen<T> gen(world_, op, next_salt());
   OutBuffer buf(out_arena_, n * sizeof(T));
@@ -428,10 +468,18 @@ void Suite::op_all_reduce() {
       for (ReduceOp op : kReduceOps) {
         if (n * dtype_size(dt) >= kLargeBytes && !large_reduce(di, op, opts_.coverage)) continue;
         switch (dt) {
-          case DType::f32: all_reduce_case<float>(dt, op, size, n); break;
-          case DType::f64: all_reduce_case<double>(dt, op, size, n); break;
-          case DType::i32: all_reduce_case<int32_t>(dt, op, size, n); break;
-          default: all_reduce_case<int64_t>(dt, op, size, n); break;
+          case DType::f32:
+            all_reduce_case<float>(dt, op, size, n);
+            break;
+          case DType::f64:
+            all_reduce_case<double>(dt, op, size, n);
+            break;
+          case DType::i32:
+            all_reduce_case<int32_t>(dt, op, size, n);
+            break;
+          default:
+            all_reduce_case<int64_t>(dt, op, size, n);
+            break;
         }
       }
     }
@@ -466,7 +514,8 @@ void Suite::op_reduce_scatter() {
     for (size_t n : {size_t(1), kOddCount}) reduce_scatter_ordered(n);
   } else {
     report_.notes.push_back(fmt::format(
-        "reduce_scatter f32 ascending-order sums: not run ({} does not claim ordered_reduce)", g_.backend()));
+        "reduce_scatter f32 ascending-order sums: not run ({} does not claim ordered_reduce)",
+        g_.backend()));
   }
 }
 
@@ -500,7 +549,8 @@ void Suite::reduce_scatter_ordered(size_t n) {
 
 void Suite::op_all_to_all() {
   for (DType dt : kMoveDtypes) {
-    for (const auto& [size, n] : sizes(dt, size_t(world_), large_move(OpClass::move, dt, opts_.coverage))) {
+    for (const auto& [size, n] :
+         sizes(dt, size_t(world_), large_move(OpClass::move, dt, opts_.coverage))) {
       begin("all_to_all", std::string(dtype_name(dt)), "even", size, n * size_t(world_));
       const size_t es = dtype_size(dt);
       const uint64_t salt = next_salt();
@@ -524,7 +574,8 @@ void Suite::op_all_to_all_v() {
     const size_t es = dtype_size(dt);
     for (Split sp : {Split::even, Split::uneven, Split::empty, Split::mixed, Split::zero}) {
       std::vector<std::pair<std::string, size_t>> units = {{"1", 1}, {"odd", kOddUnit}};
-      if (sp == Split::zero) units = {{"0", 1}};
+      if (sp == Split::zero)
+        units = {{"0", 1}};
       else if (large_move(OpClass::vmove, dt, opts_.coverage)) {
         // The smallest unit that gives some rank >= kLargeBytes of output.
         auto max_recv = [&](size_t u) { return a2av_max_recv(sp, world_, u) * es; };
@@ -535,19 +586,22 @@ void Suite::op_all_to_all_v() {
         }
       }
       for (const auto& [size, u] : units) {
-        std::vector<size_t> send_counts(static_cast<size_t>(world_)), recv_counts(static_cast<size_t>(world_));
+        std::vector<size_t> send_counts(static_cast<size_t>(world_)),
+            recv_counts(static_cast<size_t>(world_));
         size_t send_total = 0, recv_total = 0;
         for (int p = 0; p < world_; ++p) {
           send_total += send_counts[size_t(p)] = a2av_count(sp, me_, p, u);
           recv_total += recv_counts[size_t(p)] = a2av_count(sp, p, me_, u);
         }
         const size_t max_total = a2av_max_recv(sp, world_, u);
-        begin("all_to_all_v", std::string(dtype_name(dt)), std::string(split_name(sp)), size, max_total);
+        begin("all_to_all_v", std::string(dtype_name(dt)), std::string(split_name(sp)), size,
+              max_total);
         const uint64_t salt = next_salt();
         SendBuffer send(send_arena_, copy_arena_, send_total * es);
         size_t off = 0;
         for (int d = 0; d < world_; ++d) {
-          fill_pattern(send.data() + off * es, send_counts[size_t(d)], dt, block_seed(salt, me_, d));
+          fill_pattern(send.data() + off * es, send_counts[size_t(d)], dt,
+                       block_seed(salt, me_, d));
           off += send_counts[size_t(d)];
         }
         send.snapshot();
@@ -556,7 +610,8 @@ void Suite::op_all_to_all_v() {
         Record rec;
         off = 0;
         for (int s = 0; s < world_; ++s) {
-          check_block(rec, recv.data() + off * es, recv_counts[size_t(s)], dt, block_seed(salt, s, me_), s);
+          check_block(rec, recv.data() + off * es, recv_counts[size_t(s)], dt,
+                      block_seed(salt, s, me_), s);
           off += recv_counts[size_t(s)];
         }
         check_buffers(rec, recv, send);
@@ -575,8 +630,8 @@ void Suite::op_all_to_all_v_rows() {
     for (size_t u : {size_t(1), size_t(17)}) {
       if (sp == Split::zero && u != 1) continue;
       std::vector<int64_t> offsets(static_cast<size_t>(world_) + 1, 0);
-      std::vector<size_t> recv_rows(static_cast<size_t>(world_)), send_bytes(static_cast<size_t>(world_)),
-          recv_bytes(static_cast<size_t>(world_));
+      std::vector<size_t> recv_rows(static_cast<size_t>(world_)),
+          send_bytes(static_cast<size_t>(world_)), recv_bytes(static_cast<size_t>(world_));
       size_t recv_total = 0;
       for (int p = 0; p < world_; ++p) {
         offsets[size_t(p) + 1] = offsets[size_t(p)] + int64_t(a2av_count(sp, me_, p, u));
@@ -594,7 +649,8 @@ void Suite::op_all_to_all_v_rows() {
       std::vector<std::byte> packed(std::max<size_t>(1, n_rows * kRowBytes));
       size_t off = 0;
       for (int d = 0; d < world_; ++d) {
-        fill_pattern(packed.data() + off, send_bytes[size_t(d)], DType::u8, block_seed(salt, me_, d));
+        fill_pattern(packed.data() + off, send_bytes[size_t(d)], DType::u8,
+                     block_seed(salt, me_, d));
         off += send_bytes[size_t(d)];
       }
       std::vector<int64_t> rows(n_rows);
@@ -602,7 +658,8 @@ void Suite::op_all_to_all_v_rows() {
       std::memset(base.data(), 0xA5, (n_rows + 1) * kRowBytes);
       for (size_t q = 0; q < n_rows; ++q) {
         rows[q] = int64_t(n_rows - 1 - q);
-        std::memcpy(base.data() + size_t(rows[q]) * kRowBytes, packed.data() + q * kRowBytes, kRowBytes);
+        std::memcpy(base.data() + size_t(rows[q]) * kRowBytes, packed.data() + q * kRowBytes,
+                    kRowBytes);
       }
       base.snapshot();
       OutBuffer recv(out_arena_, recv_total * kRowBytes);
@@ -613,7 +670,8 @@ void Suite::op_all_to_all_v_rows() {
       Record rec;
       off = 0;
       for (int q = 0; q < world_; ++q) {
-        check_block(rec, recv.data() + off, recv_bytes[size_t(q)], DType::u8, block_seed(salt, q, me_), q);
+        check_block(rec, recv.data() + off, recv_bytes[size_t(q)], DType::u8,
+                    block_seed(salt, q, me_), q);
         off += recv_bytes[size_t(q)];
       }
       check_buffers(rec, recv, base);
@@ -629,7 +687,9 @@ void Suite::op_all_to_all_v_rows() {
 void Suite::op_expose() {
   if (g_.peer_memory() == PeerMemory::none) return;  // the same answer on every rank
   for (size_t u : {size_t(1), size_t(4099), kLargeBytes}) {
-    auto bytes = [&](int r, int i) { return i == 0 ? u + size_t(r % 3) * 37 : (r % 2 ? 0 : u / 2 + 11); };
+    auto bytes = [&](int r, int i) {
+      return i == 0 ? u + size_t(r % 3) * 37 : (r % 2 ? 0 : u / 2 + 11);
+    };
     size_t total = 0;
     for (int r = 0; r < world_; ++r) total += bytes(r, 0) + bytes(r, 1);
     begin("expose", "u8", "2 regions, sizes by rank", fmt::format("{}", u), total);
@@ -638,8 +698,9 @@ void Suite::op_expose() {
     fill_pattern(mine.data(), bytes(me_, 0), DType::u8, block_seed(salt, me_, 0));
     fill_pattern(mine.data() + bytes(me_, 0), bytes(me_, 1), DType::u8, block_seed(salt, me_, 1));
     mine.snapshot();
-    const std::array<std::span<const std::byte>, 2> regions{std::span<const std::byte>(mine.data(), bytes(me_, 0)),
-                                                            std::span<const std::byte>(mine.data() + bytes(me_, 0), bytes(me_, 1))};
+    const std::array<std::span<const std::byte>, 2> regions{
+        std::span<const std::byte>(mine.data(), bytes(me_, 0)),
+        std::span<const std::byte>(mine.data() + bytes(me_, 0), bytes(me_, 1))};
     std::vector<const std::byte*> peers;
     g_.expose(regions, peers);
     Record rec;
@@ -648,7 +709,8 @@ void Suite::op_expose() {
     } else {
       for (int r = 0; r < world_; ++r)
         for (int i = 0; i < 2; ++i)
-          check_block(rec, peers[size_t(r) * 2 + size_t(i)], bytes(r, i), DType::u8, block_seed(salt, r, i), r);
+          check_block(rec, peers[size_t(r) * 2 + size_t(i)], bytes(r, i), DType::u8,
+                      block_seed(salt, r, i), r);
     }
     g_.barrier();
     if (mine.modified()) rec.flags |= kFlagSendModified;
@@ -656,7 +718,8 @@ void Suite::op_expose() {
   }
 }
 
-std::string Suite::detail(const Record& rec, int on_rank, DType fmt_dtype, uint64_t total_wrong) const {
+std::string Suite::detail(const Record& rec, int on_rank, DType fmt_dtype,
+                          uint64_t total_wrong) const {
   std::string s;
   if (rec.flags & kFlagBarrierEarly) {
     return fmt::format("rank {} left the barrier {:.3f} ms before rank {} entered it", rec.index,
@@ -670,8 +733,10 @@ std::string Suite::detail(const Record& rec, int on_rank, DType fmt_dtype, uint6
                      format_bits(fmt_dtype, rec.got));
   }
   auto add = [&s](const std::string& part) { s += (s.empty() ? "" : "; ") + part; };
-  if (rec.flags & kFlagOverrun) add(fmt::format("rank {} found bytes written past the end of its output", on_rank));
-  if (rec.flags & kFlagSendModified) add(fmt::format("rank {}'s send buffer was modified", on_rank));
+  if (rec.flags & kFlagOverrun)
+    add(fmt::format("rank {} found bytes written past the end of its output", on_rank));
+  if (rec.flags & kFlagSendModified)
+    add(fmt::format("rank {}'s send buffer was modified", on_rank));
   return s;
 }
 
@@ -692,7 +757,8 @@ void Suite::agree(std::string_view op) {
   g_.all_reduce(counts, 2, DType::i64, ReduceOp::sum);
 
   int64_t gathered_failed = 0, gathered_wrong = 0;
-  bool own_block_ok = std::memcmp(all.data() + size_t(me_) * n, mine.data(), n * sizeof(Record)) == 0;
+  bool own_block_ok =
+      std::memcmp(all.data() + size_t(me_) * n, mine.data(), n * sizeof(Record)) == 0;
   for (size_t c = 0; c < n; ++c) {
     CaseResult res = pending_[c].result;
     int first = -1;  // lowest rank that saw this case fail
@@ -703,16 +769,18 @@ void Suite::agree(std::string_view op) {
       res.wrong += rec.wrong;
       if (rec.failed() && first < 0) first = r;
     }
-    if (first >= 0) res.detail = detail(all[size_t(first) * n + c], first, pending_[c].fmt_dtype, res.wrong);
+    if (first >= 0)
+      res.detail = detail(all[size_t(first) * n + c], first, pending_[c].fmt_dtype, res.wrong);
     report_.cases.push_back(std::move(res));
   }
   if (!own_block_ok || gathered_failed != counts[0] || gathered_wrong != counts[1]) {
     CaseResult res{"agreement", "u8", std::string(op), "-", n * sizeof(Record), 0, {}};
     res.detail = fmt::format(
         "the per-rank results of {} gathered with all_gather(u8) do not match: own block {}, "
-        "failed cases {} gathered vs {} by all_reduce(i64 sum), wrong elements {} vs {} (this rank: {} / {})",
-        op, own_block_ok ? "intact" : "corrupted", gathered_failed, counts[0], gathered_wrong, counts[1],
-        local_counts[0], local_counts[1]);
+        "failed cases {} gathered vs {} by all_reduce(i64 sum), wrong elements {} vs {} (this "
+        "rank: {} / {})",
+        op, own_block_ok ? "intact" : "corrupted", gathered_failed, counts[0], gathered_wrong,
+        counts[1], local_counts[0], local_counts[1]);
     report_.cases.push_back(std::move(res));
   }
   pending_.clear();
@@ -745,7 +813,8 @@ SuiteReport Suite::run() {
     for (auto& p : pending_) {
       CaseResult res = p.result;
       res.wrong = p.rec.wrong;
-      if (p.rec.failed()) res.detail = detail(p.rec, me_, p.fmt_dtype, p.rec.wrong) + " (this rank's view)";
+      if (p.rec.failed())
+        res.detail = detail(p.rec, me_, p.fmt_dtype, p.rec.wrong) + " (this rank's view)";
       report_.cases.push_back(std::move(res));
     }
     pending_.clear();
@@ -776,24 +845,28 @@ std::string CaseResult::label(int world) const {
 }
 
 size_t SuiteReport::passed() const {
-  return size_t(std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) { return c.passed(); }));
+  return size_t(
+      std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) { return c.passed(); }));
 }
 size_t SuiteReport::failed() const { return cases.size() - passed(); }
 
 SuiteReport run_suite(Group& group, const SuiteOptions& opts) { return Suite(group, opts).run(); }
 
 std::string format_report(const SuiteReport& r, const std::vector<std::string>& extra_lines) {
-  std::string out = fmt::format("deepinfer check collectives: backend {}, {} ranks\n", r.backend, r.world);
-  out += fmt::format("{:<15} {:<6} {:<14} {:<7} {:>9}  {}\n", "op", "dtype", "case", "size", "elements", "result");
+  std::string out =
+      fmt::format("deepinfer check collectives: backend {}, {} ranks\n", r.backend, r.world);
+  out += fmt::format("{:<15} {:<6} {:<14} {:<7} {:>9}  {}\n", "op", "dtype", "case", "size",
+                     "elements", "result");
   for (const auto& c : r.cases)
-    out += fmt::format("{:<15} {:<6} {:<14} {:<7} {:>9}  {}\n", c.op, c.dtype, c.name, c.size, c.elements,
-                       c.passed() ? "PASS" : "FAIL");
+    out += fmt::format("{:<15} {:<6} {:<14} {:<7} {:>9}  {}\n", c.op, c.dtype, c.name, c.size,
+                       c.elements, c.passed() ? "PASS" : "FAIL");
   for (const auto& n : r.notes) out += "note: " + n + "\n";
   for (const auto& c : r.cases)
     if (!c.passed()) out += fmt::format("FAIL {}: {}\n", c.label(r.world), c.detail);
   if (r.stop.stopped) {
     out += fmt::format("collectives: stopped on rank {} {} in {}: {}\n", r.rank,
-                       r.stop.timeout ? "after a timeout" : "after an error", r.stop.where, r.stop.message);
+                       r.stop.timeout ? "after a timeout" : "after an error", r.stop.where,
+                       r.stop.message);
   }
   for (const auto& line : extra_lines) out += line + "\n";
   out += fmt::format("collectives: {} passed, {} failed\n", r.passed(), r.failed());

@@ -1,7 +1,7 @@
-// The collective conformance suite (docs/architecture.md §3, §7): every op of `Group` x dtype (full-range
-// values) x size (0, 1, odd, >= 1 MiB) x split pattern, with payloads that encode their origin
-// so each wrong element is attributed, and closed-form expected results for reductions.
-// Runs on every rank of a group; results are agreed across ranks after each op.
+// The collective conformance suite (docs/architecture.md §3, §7): every op of `Group` x dtype
+// (full-range values) x size (0, 1, odd, >= 1 MiB) x split pattern, with payloads that encode their
+// origin so each wrong element is attributed, and closed-form expected results for reductions. Runs
+// on every rank of a group; results are agreed across ranks after each op.
 #pragma once
 
 #include <deepinfer/comm.h>
@@ -32,10 +32,10 @@ struct SuiteOptions {
 };
 
 struct CaseResult {
-  std::string op;     // "all_to_all_v"
-  std::string dtype;  // "i32", or "-" for barrier
-  std::string name;   // "uneven", "sum", "root 3", "-"
-  std::string size;   // "0", "1", "odd", ">=1MiB"
+  std::string op;       // "all_to_all_v"
+  std::string dtype;    // "i32", or "-" for barrier
+  std::string name;     // "uneven", "sum", "root 3", "-"
+  std::string size;     // "0", "1", "odd", ">=1MiB"
   size_t elements = 0;  // per-rank output elements (largest rank for the _v ops)
   uint64_t wrong = 0;   // wrong elements over all ranks
   std::string detail;   // empty when passed, else what went wrong and where
@@ -56,7 +56,7 @@ struct SuiteReport {
   int world = 0;
   int rank = 0;
   std::string backend;
-  std::vector<CaseResult> cases;  // agreed across ranks (the case in flight at a stop: local)
+  std::vector<CaseResult> cases;   // agreed across ranks (the case in flight at a stop: local)
   std::vector<std::string> notes;  // cases not run, and why
   SuiteStop stop;
   Capabilities verified{false, false, false};  // lowerings whose every case passed
@@ -72,6 +72,7 @@ SuiteReport run_suite(Group& group, const SuiteOptions& opts);
 // The table (op, dtype, case, size, elements, result), the failures with their details, a
 // stop line if the suite stopped, and last `collectives: N passed, M failed`.
 // `extra_lines` (other ranks' stops) go just before that last line.
-std::string format_report(const SuiteReport& report, const std::vector<std::string>& extra_lines = {});
+std::string format_report(const SuiteReport& report,
+                          const std::vector<std::string>& extra_lines = {});
 
 }  // namespace deepinfer::conformance

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/check.h"
+
 namespace deepinfer::conformance {
 
 namespace {
@@ -27,11 +29,20 @@ uint64_t pattern_float(uint64_t h, int mant_bits, int exp_bits) {
   const uint64_t r = h >> mant_bits;  // bits for the exponent choice
   uint64_t exp = 0;
   switch (h >> 61) {
-    case 0: exp = 0; break;                                                      // denormal (or ±0)
-    case 1: return uint64_t(1) << (mant_bits + exp_bits);                        // -0
-    case 2: exp = exp_max - 1 - (r & 7); break;                                  // large magnitude
-    case 3: exp = exp_max; break;                                                // inf / NaN payload
-    default: exp = 1 + r % (exp_max - 1); break;                                 // any normal
+    case 0:
+      exp = 0;
+      break;  // denormal (or ±0)
+    case 1:
+      return uint64_t(1) << (mant_bits + exp_bits);  // -0
+    case 2:
+      exp = exp_max - 1 - (r & 7);
+      break;  // large magnitude
+    case 3:
+      exp = exp_max;
+      break;  // inf / NaN payload
+    default:
+      exp = 1 + r % (exp_max - 1);
+      break;  // any normal
   }
   return sign | (exp << mant_bits) | mant;
 }
@@ -41,12 +52,18 @@ uint64_t pattern_float(uint64_t h, int mant_bits, int exp_bits) {
 uint64_t pattern_bits(DType dtype, uint64_t key) {
   const uint64_t h = mix64(key);
   switch (dtype) {
-    case DType::i32: return pattern_i32(h);
-    case DType::i64: return h;
-    case DType::f32: return pattern_float(h, 23, 8);
-    case DType::f64: return pattern_float(h, 52, 11);
-    case DType::bf16: return h & 0xffff;
-    default: return (h ^ (h >> 29)) & 0xff;  // u8, i8, e4m3, e5m2
+    case DType::i32:
+      return pattern_i32(h);
+    case DType::i64:
+      return h;
+    case DType::f32:
+      return pattern_float(h, 23, 8);
+    case DType::f64:
+      return pattern_float(h, 52, 11);
+    case DType::bf16:
+      return h & 0xffff;
+    default:
+      return (h ^ (h >> 29)) & 0xff;  // u8, i8, e4m3, e5m2
   }
 }
 
@@ -71,8 +88,10 @@ void fill_pattern(void* dst, size_t n, DType dtype, uint64_t seed) {
 
 std::string format_bits(DType dtype, uint64_t bits) {
   switch (dtype) {
-    case DType::i32: return fmt::format("{}", int32_t(uint32_t(bits)));
-    case DType::i64: return fmt::format("{}", int64_t(bits));
+    case DType::i32:
+      return fmt::format("{}", int32_t(uint32_t(bits)));
+    case DType::i64:
+      return fmt::format("{}", int64_t(bits));
     case DType::f32: {
       const float f = std::bit_cast<float>(uint32_t(bits));
       return fmt::format("{} (0x{:08x})", f, uint32_t(bits));
@@ -83,7 +102,8 @@ std::string format_bits(DType dtype, uint64_t bits) {
     }
     case DType::bf16:
       return fmt::format("{} (0x{:04x})", bf16_to_f32(bf16{uint16_t(bits)}), uint16_t(bits));
-    default: return fmt::format("0x{:02x}", uint8_t(bits));
+    default:
+      return fmt::format("0x{:02x}", uint8_t(bits));
   }
 }
 

@@ -2,14 +2,14 @@
 // reduce_scatter): every expected element is computed in O(1), independent of any backend.
 #pragma once
 
+#include <deepinfer/comm.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <type_traits>
 #include <vector>
-
-#include <deepinfer/comm.h>
 
 #include "comm/conformance/patterns.h"
 
@@ -67,9 +67,15 @@ class ReduceGen {
         return t;
       }
       switch ((h >> 56) & 7) {
-        case 0: t.e = kEmin; break;                      // denormals
-        case 1: t.e = kEmax - int((h >> 48) & 7); break;  // near the top of the range
-        default: t.e = -30 + int((h >> 40) % 61); break;
+        case 0:
+          t.e = kEmin;
+          break;  // denormals
+        case 1:
+          t.e = kEmax - int((h >> 48) & 7);
+          break;  // near the top of the range
+        default:
+          t.e = -30 + int((h >> 40) % 61);
+          break;
       }
       t.a = uniform_sym(h2, ma_);
       t.b = uniform_sym((h2 >> 1) ^ h, mb_);
@@ -112,11 +118,15 @@ class ReduceGen {
     switch (op_) {
       case ReduceOp::sum: {
         const int64_t k = int64_t(w_) * t.a + t.b * (int64_t(w_) * (w_ - 1) / 2);
-        if constexpr (kFloat) return T(k) * pow2_[size_t(t.e - kEmin)];
-        else return T(k);
+        if constexpr (kFloat)
+          return T(k) * pow2_[size_t(t.e - kEmin)];
+        else
+          return T(k);
       }
-      case ReduceOp::max: return value(t, t.b > 0 ? w_ - 1 : 0);
-      case ReduceOp::min: return value(t, t.b > 0 ? 0 : w_ - 1);
+      case ReduceOp::max:
+        return value(t, t.b > 0 ? w_ - 1 : 0);
+      case ReduceOp::min:
+        return value(t, t.b > 0 ? 0 : w_ - 1);
     }
     return T(0);
   }

@@ -12,6 +12,7 @@
 
 #include "comm/common.h"
 #include "comm/group_decorator.h"
+#include "core/check.h"
 #include "core/log.h"
 
 namespace deepinfer {
@@ -230,10 +231,14 @@ void check_fault_name(const std::string& name) { parse_fault(name); }
 
 int fault_min_world(const std::string& name) {
   switch (parse_fault(name)) {
-    case Fault::int32_ag_corrupt: return kAgCorruptMinWorld;
-    case Fault::a2av_hang: return kA2avHangMinWorld;
-    case Fault::a2a_diverge: return 2;  // needs a peer whose splits differ
-    case Fault::rank_exit: return 1;
+    case Fault::int32_ag_corrupt:
+      return kAgCorruptMinWorld;
+    case Fault::a2av_hang:
+      return kA2avHangMinWorld;
+    case Fault::a2a_diverge:
+      return 2;  // needs a peer whose splits differ
+    case Fault::rank_exit:
+      return 1;
   }
   return 1;
 }

@@ -7,6 +7,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "core/check.h"
 #include "core/cpu_clones.h"
 
 namespace deepinfer::comm {
@@ -145,8 +146,10 @@ void LocalWorld::arrive_and_wait(int rank, const CallDesc& desc, size_t bytes,
       // After ~10 us, yield now and then: a peer that the scheduler put on this same CPU then
       // runs at once instead of after the whole spin (docs/performance.md §4); a CPU of its own
       // makes the yield return at once.
-      if (i >= kBarrierPureSpinIters && i % 64 == 0) std::this_thread::yield();
-      else cpu_relax();
+      if (i >= kBarrierPureSpinIters && i % 64 == 0)
+        std::this_thread::yield();
+      else
+        cpu_relax();
     }
     lock.lock();
   }
@@ -390,17 +393,19 @@ void LocalGroup::all_to_all_v(const void* send, std::span<const size_t> send_cou
   sync_end();
 }
 
-void LocalGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
-                                   std::span<const int64_t> offsets, void* recv,
-                                   std::span<const size_t> recv_rows) {
+void LocalGroup::all_to_all_v_rows(const void* base, size_t row_bytes,
+                                   std::span<const int64_t> rows, std::span<const int64_t> offsets,
+                                   void* recv, std::span<const size_t> recv_rows) {
   const int n = size();
   check_rows_args(size_t(n), offsets.size(), recv_rows.size());
   row_send_bytes_.resize(size_t(n));
-  for (int r = 0; r < n; ++r) row_send_bytes_[size_t(r)] = size_t(offsets[size_t(r) + 1] - offsets[size_t(r)]) * row_bytes;
+  for (int r = 0; r < n; ++r)
+    row_send_bytes_[size_t(r)] = size_t(offsets[size_t(r) + 1] - offsets[size_t(r)]) * row_bytes;
   std::vector<size_t> recv_bytes(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) recv_bytes[size_t(r)] = recv_rows[size_t(r)] * row_bytes;
   // Byte for byte an all_to_all_v of u8, so it meets peers that call the packed form.
-  LocalSlot& s = begin({OpKind::all_to_all_v, DType::u8, ReduceOp::sum, 0, 0}, size_t(offsets[size_t(n)]) * row_bytes);
+  LocalSlot& s = begin({OpKind::all_to_all_v, DType::u8, ReduceOp::sum, 0, 0},
+                       size_t(offsets[size_t(n)]) * row_bytes);
   s.send = static_cast<const std::byte*>(base);
   s.send_counts = row_send_bytes_.data();
   s.recv_counts = recv_bytes.data();
@@ -412,7 +417,8 @@ void LocalGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span
   sync_end();
 }
 
-void LocalGroup::receive_all_to_all_v(std::byte* out, std::span<const size_t> recv_counts, size_t es) const {
+void LocalGroup::receive_all_to_all_v(std::byte* out, std::span<const size_t> recv_counts,
+                                      size_t es) const {
   const int n = size();
   std::vector<size_t> recv_offset(size_t(n) + 1, 0);
   for (int r = 0; r < n; ++r)
@@ -447,14 +453,16 @@ void LocalGroup::broadcast(void* buf, size_t count, DType dtype, int root) {
   if (!one_meeting) sync_end();
 }
 
-void LocalGroup::expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) {
+void LocalGroup::expose(std::span<const std::span<const std::byte>> regions,
+                        std::vector<const std::byte*>& peers) {
   std::vector<const std::byte*> mine(regions.size());
   for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
   peers.assign(regions.size() * size_t(size()), nullptr);
   all_gather(mine.data(), peers.data(), mine.size() * sizeof(const std::byte*), DType::u8);
 }
 
-void LocalGroup::expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) {
+void LocalGroup::expose_writable(std::span<const std::span<std::byte>> regions,
+                                 std::vector<std::byte*>& peers) {
   std::vector<std::byte*> mine(regions.size());
   for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
   peers.assign(regions.size() * size_t(size()), nullptr);

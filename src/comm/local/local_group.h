@@ -31,7 +31,7 @@ struct LocalSlot {
   const int64_t* rows = nullptr;
   const int64_t* row_offsets = nullptr;
   size_t row_bytes = 0;
-  const std::byte* scratch = nullptr;   // all_reduce: this rank's reduced slice
+  const std::byte* scratch = nullptr;  // all_reduce: this rank's reduced slice
 };
 
 // Payloads up to this size travel inside the rank's state instead of its caller's buffer, so the
@@ -100,13 +100,16 @@ class LocalGroup final : public Group {
   void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override;
   void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
-                         std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override;
+                         std::span<const int64_t> offsets, void* recv,
+                         std::span<const size_t> recv_rows) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void barrier() override;
   PeerMemory peer_memory() const override { return PeerMemory::address_space; }
-  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
+  void expose(std::span<const std::span<const std::byte>> regions,
+              std::vector<const std::byte*>& peers) override;
   // Peers write the regions where they are (one address space).
-  void expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) override;
+  void expose_writable(std::span<const std::span<std::byte>> regions,
+                       std::vector<std::byte*>& peers) override;
 
  private:
   LocalSlot& begin(const CallDesc& desc, size_t bytes);  // publishes desc, starts the clock
@@ -127,7 +130,7 @@ class LocalGroup final : public Group {
   size_t bytes_ = 0;
   int parity_ = 0;
   Clock::time_point deadline_;
-  std::vector<size_t> row_send_bytes_;  // all_to_all_v_rows: the bytes to each rank, published
+  std::vector<size_t> row_send_bytes_;    // all_to_all_v_rows: the bytes to each rank, published
   std::vector<const float*> reduce_src_;  // reduce_scatter: my block of each rank's send
 };
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/check.h"
 #include "core/log.h"
 
 namespace deepinfer::comm {
@@ -160,8 +161,10 @@ MpiGroup::MpiGroup(double timeout_s) : timeout_s_(timeout_s) {
     MPI_Comm_size(node, &node_ranks);
     // Every rank sees the same node_ranks == size_ (all on one host, or not), so peer_memory()
     // agrees everywhere.
-    if (node_ranks == size_) node_comm_ = node;
-    else MPI_Comm_free(&node);
+    if (node_ranks == size_)
+      node_comm_ = node;
+    else
+      MPI_Comm_free(&node);
   }
   const bool oversubscribed = node_ranks > int(std::max(1u, std::thread::hardware_concurrency()));
   spin_s_ = oversubscribed ? kMpiSpinSecondsOversubscribed : kMpiSpinSeconds;
@@ -179,13 +182,15 @@ void MpiGroup::free_window() {
   window_bytes_ = 0;
 }
 
-void MpiGroup::expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) {
+void MpiGroup::expose(std::span<const std::span<const std::byte>> regions,
+                      std::vector<const std::byte*>& peers) {
   std::vector<std::byte*> at;
   expose_in_window(regions, at);
   peers.assign(at.begin(), at.end());
 }
 
-void MpiGroup::expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) {
+void MpiGroup::expose_writable(std::span<const std::span<std::byte>> regions,
+                               std::vector<std::byte*>& peers) {
   std::vector<std::span<const std::byte>> ro(regions.begin(), regions.end());
   expose_in_window(ro, peers);
   const size_t n = regions.size();
@@ -201,9 +206,12 @@ void MpiGroup::expose_writable(std::span<const std::span<std::byte>> regions, st
   writable_open_ = true;
 }
 
-void MpiGroup::expose_in_window(std::span<const std::span<const std::byte>> regions, std::vector<std::byte*>& peers) {
-  DI_CHECK(peer_memory() != PeerMemory::none, "expose: the mpi ranks are not all on one host; check peer_memory() first");
-  DI_CHECK(!writable_open_, "expose: a writable exposure is still open; the ranks must meet at barrier() first");
+void MpiGroup::expose_in_window(std::span<const std::span<const std::byte>> regions,
+                                std::vector<std::byte*>& peers) {
+  DI_CHECK(peer_memory() != PeerMemory::none,
+           "expose: the mpi ranks are not all on one host; check peer_memory() first");
+  DI_CHECK(!writable_open_,
+           "expose: a writable exposure is still open; the ranks must meet at barrier() first");
   const size_t n = regions.size(), w = size_t(size_);
   auto aligned = [](size_t b) { return (b + 63) / 64 * 64; };
   // Every rank's region sizes (the deadline-bound collective that also proves all ranks are here).
@@ -224,11 +232,13 @@ void MpiGroup::expose_in_window(std::span<const std::span<const std::byte>> regi
     window_ = MPI_WIN_NULL;
     const size_t bytes = std::max<size_t>(need + need / 4, size_t(1) << 20);
     void* base = nullptr;
-    const int rc = MPI_Win_allocate_shared(MPI_Aint(bytes), 1, MPI_INFO_NULL, node_comm_, &base, &window_);
+    const int rc =
+        MPI_Win_allocate_shared(MPI_Aint(bytes), 1, MPI_INFO_NULL, node_comm_, &base, &window_);
     if (rc != MPI_SUCCESS)
-      DI_FAIL("expose: MPI_Win_allocate_shared of {} bytes per rank failed ({}); free shared memory "
-              "(/dev/shm) or set DEEPINFER_EP_PEER_MEMORY=off to move EP data through collectives",
-              bytes, mpi_error_string(rc));
+      DI_FAIL(
+          "expose: MPI_Win_allocate_shared of {} bytes per rank failed ({}); free shared memory "
+          "(/dev/shm) or set DEEPINFER_EP_PEER_MEMORY=off to move EP data through collectives",
+          bytes, mpi_error_string(rc));
     check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
     window_bytes_ = bytes;
     window_at_.assign(w, nullptr);
@@ -242,7 +252,8 @@ void MpiGroup::expose_in_window(std::span<const std::span<const std::byte>> regi
   }
   std::byte* own = window_at_[size_t(rank_)];
   for (size_t i = 0, off = 0; i < n; off += aligned(regions[i].size()), ++i)
-    if (!regions[i].empty() && regions[i].data() != own + off) std::memcpy(own + off, regions[i].data(), regions[i].size());
+    if (!regions[i].empty() && regions[i].data() != own + off)
+      std::memcpy(own + off, regions[i].data(), regions[i].size());
   free_win(old);
   // Stores before the barrier are visible to the peers' loads after it (MPI-3 separate/unified
   // shared-memory model: sync, barrier, sync).
@@ -256,7 +267,8 @@ void MpiGroup::expose_in_window(std::span<const std::span<const std::byte>> regi
 }
 
 std::byte* MpiGroup::expose_staging(size_t bytes) {
-  if (peer_memory() == PeerMemory::none || window_ == MPI_WIN_NULL || bytes > window_bytes_) return nullptr;
+  if (peer_memory() == PeerMemory::none || window_ == MPI_WIN_NULL || bytes > window_bytes_)
+    return nullptr;
   return window_at_[size_t(rank_)];
 }
 
@@ -427,7 +439,8 @@ void MpiGroup::reduce_scatter(const float* send, float* recv, size_t count) {
   // only on `count` (the same on every rank).
   const size_t chunk = std::max<size_t>(1, kReduceScatterPackBytes / (n * sizeof(float)));
   const bool one_round = count <= chunk;
-  thread_local std::vector<float> packed, gathered, out;  // reused: big buffers fault on first touch
+  thread_local std::vector<float> packed, gathered,
+      out;  // reused: big buffers fault on first touch
   gathered.resize(std::min(chunk, count) * n);
   // recv may alias send: with several rounds, sums go to `out` until every round has read send.
   const bool aliased = recv + count > send && recv < send + count * n;
@@ -443,7 +456,8 @@ void MpiGroup::reduce_scatter(const float* send, float* recv, size_t count) {
     }
     const BytesType t(m * sizeof(float));
     MPI_Request req;
-    check_mpi(MPI_Ialltoall(blocks, t.count(), t.type(), gathered.data(), t.count(), t.type(), comm_, &req),
+    check_mpi(MPI_Ialltoall(blocks, t.count(), t.type(), gathered.data(), t.count(), t.type(),
+                            comm_, &req),
               "MPI_Ialltoall (reduce_scatter)");
     wait(call, req);
     float* o = dst + c0;
@@ -509,7 +523,8 @@ void MpiGroup::all_to_all_v(const void* send, std::span<const size_t> send_count
 // Each destination's rows as one hindexed datatype over base, so MPI reads them in place (its
 // own copy into the transport is the only one) instead of from a packed copy.
 void MpiGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
-                                 std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) {
+                                 std::span<const int64_t> offsets, void* recv,
+                                 std::span<const size_t> recv_rows) {
   const size_t n = size_t(size_);
   check_rows_args(n, offsets.size(), recv_rows.size());
   const size_t st = size_t(offsets[n]) * row_bytes;
@@ -537,8 +552,10 @@ void MpiGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<c
     const int64_t cnt = offsets[r + 1] - offsets[r];
     if (cnt > 0) {
       displs.resize(size_t(cnt));
-      for (int64_t q = 0; q < cnt; ++q) displs[size_t(q)] = MPI_Aint(rows[size_t(offsets[r] + q)]) * MPI_Aint(row_bytes);
-      check_mpi(MPI_Type_create_hindexed_block(int(cnt), int(row_bytes), displs.data(), MPI_BYTE, &send_types.v[r]),
+      for (int64_t q = 0; q < cnt; ++q)
+        displs[size_t(q)] = MPI_Aint(rows[size_t(offsets[r] + q)]) * MPI_Aint(row_bytes);
+      check_mpi(MPI_Type_create_hindexed_block(int(cnt), int(row_bytes), displs.data(), MPI_BYTE,
+                                               &send_types.v[r]),
                 "MPI_Type_create_hindexed_block");
       check_mpi(MPI_Type_commit(&send_types.v[r]), "MPI_Type_commit");
       sc[r] = 1;
@@ -548,8 +565,8 @@ void MpiGroup::all_to_all_v_rows(const void* base, size_t row_bytes, std::span<c
     ro += recv_rows[r] * row_bytes;
   }
   MPI_Request req;
-  check_mpi(MPI_Ialltoallw(base, sc.data(), sd.data(), send_types.v.data(), recv, rc.data(), rd.data(),
-                           recv_types.data(), comm_, &req),
+  check_mpi(MPI_Ialltoallw(base, sc.data(), sd.data(), send_types.v.data(), recv, rc.data(),
+                           rd.data(), recv_types.data(), comm_, &req),
             "MPI_Ialltoallw");
   wait(call, req);
 }

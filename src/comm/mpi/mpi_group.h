@@ -42,7 +42,8 @@ class MpiGroup final : public Group {
   void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override;
   void all_to_all_v_rows(const void* base, size_t row_bytes, std::span<const int64_t> rows,
-                         std::span<const int64_t> offsets, void* recv, std::span<const size_t> recv_rows) override;
+                         std::span<const int64_t> offsets, void* recv,
+                         std::span<const size_t> recv_rows) override;
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void barrier() override;
   // Every rank on one host: a shared window (MPI_Win_allocate_shared over the node), grown on
@@ -50,10 +51,12 @@ class MpiGroup final : public Group {
   PeerMemory peer_memory() const override {
     return node_comm_ != MPI_COMM_NULL ? PeerMemory::window : PeerMemory::none;
   }
-  void expose(std::span<const std::span<const std::byte>> regions, std::vector<const std::byte*>& peers) override;
+  void expose(std::span<const std::span<const std::byte>> regions,
+              std::vector<const std::byte*>& peers) override;
   // The peers write the regions' copies in the window; the next barrier() copies them back (where
   // a region was not built in the window already).
-  void expose_writable(std::span<const std::span<std::byte>> regions, std::vector<std::byte*>& peers) override;
+  void expose_writable(std::span<const std::span<std::byte>> regions,
+                       std::vector<std::byte*>& peers) override;
   std::byte* expose_staging(size_t bytes) override;
 
   // A collective timed out (its requests are still pending): the job must be aborted.
@@ -76,13 +79,14 @@ class MpiGroup final : public Group {
   void free_window();
   // expose and expose_writable: copies the regions into this rank's slot of the window (grown as
   // needed) and returns where every rank's regions are there.
-  void expose_in_window(std::span<const std::span<const std::byte>> regions, std::vector<std::byte*>& peers);
+  void expose_in_window(std::span<const std::span<const std::byte>> regions,
+                        std::vector<std::byte*>& peers);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm node_comm_ = MPI_COMM_NULL;  // = comm_'s ranks, where they all share this host
   MPI_Win window_ = MPI_WIN_NULL;
-  size_t window_bytes_ = 0;                 // per rank
-  std::vector<std::byte*> window_at_;       // rank r's block, mapped here
+  size_t window_bytes_ = 0;            // per rank
+  std::vector<std::byte*> window_at_;  // rank r's block, mapped here
   // Open writable exposure (every rank alike): the next barrier() syncs the window and copies
   // `copy_back` (window copy -> region) once every peer's writes have landed.
   bool writable_open_ = false;

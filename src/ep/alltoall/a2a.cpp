@@ -3,20 +3,25 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/check.h"
+
 namespace deepinfer::ep::a2a {
 
 std::string_view to_string(Lowering l) {
   switch (l) {
-    case Lowering::even: return "even";
-    case Lowering::v: return "v";
-    case Lowering::padded: return "padded";
+    case Lowering::even:
+      return "even";
+    case Lowering::v:
+      return "v";
+    case Lowering::padded:
+      return "padded";
   }
   return "?";
 }
 
 Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& caps) {
-  const bool all_equal =
-      split.empty() || std::all_of(split.begin(), split.end(), [&](int64_t v) { return v == split[0]; });
+  const bool all_equal = split.empty() || std::all_of(split.begin(), split.end(),
+                                                      [&](int64_t v) { return v == split[0]; });
   if (all_equal && caps.all_to_all) return Lowering::even;
   if (caps.all_to_all_v) return Lowering::v;
   if (caps.all_to_all) return Lowering::padded;
@@ -25,9 +30,11 @@ Lowering choose_lowering(std::span<const int64_t> split, const Capabilities& cap
       "DEEPINFER_EP_ALGO=ag (or auto), which needs no all_to_all");
 }
 
-Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid, bool x_in_place) {
+Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid,
+               bool x_in_place) {
   const int w = group.size();
-  DI_CHECK(int(send_counts.size()) == w, "a2a plan: {} send counts for {} ranks", send_counts.size(), w);
+  DI_CHECK(int(send_counts.size()) == w, "a2a plan: {} send counts for {} ranks",
+           send_counts.size(), w);
   // One row per rank: [flags (bit 0: valid, bit 1: x in place), counts to rank 0 .. W-1].
   const size_t row = size_t(w) + 1;
   std::vector<int64_t> mine(row), all(row * size_t(w));
@@ -41,15 +48,16 @@ Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_va
   for (int r = w - 1; r >= 0; --r) {
     if (!(all[size_t(r) * row] & 1)) p.first_invalid_rank = r;
     p.all_x_in_place = p.all_x_in_place && (all[size_t(r) * row] & 2);
-    std::copy_n(all.begin() + std::ptrdiff_t(size_t(r) * row + 1), w, p.split.begin() + std::ptrdiff_t(size_t(r) * size_t(w)));
+    std::copy_n(all.begin() + std::ptrdiff_t(size_t(r) * row + 1), w,
+                p.split.begin() + std::ptrdiff_t(size_t(r) * size_t(w)));
   }
   if (p.first_invalid_rank >= 0) return p;
   return agreed_plan(w, std::move(p.split), p.all_x_in_place);
 }
 
 Plan agreed_plan(int world, std::vector<int64_t> split, bool all_x_in_place) {
-  DI_CHECK(split.size() == size_t(world) * size_t(world), "a2a plan: a split matrix of {} for {} ranks",
-           split.size(), world);
+  DI_CHECK(split.size() == size_t(world) * size_t(world),
+           "a2a plan: a split matrix of {} for {} ranks", split.size(), world);
   Plan p;
   p.world = world;
   p.split = std::move(split);
@@ -75,9 +83,10 @@ void exchange(Group& group, Lowering lowering, int64_t pad_records,
     case Lowering::even: {
       const size_t n = size_t(send_counts.empty() ? 0 : send_counts[0]);
       for (size_t r = 0; r < w; ++r)
-        DI_CHECK(size_t(send_counts[r]) == n && size_t(recv_counts[r]) == n,
-                 "a2a even lowering with uneven counts (send {} recv {} to/from rank {}, expected {})",
-                 send_counts[r], recv_counts[r], r, n);
+        DI_CHECK(
+            size_t(send_counts[r]) == n && size_t(recv_counts[r]) == n,
+            "a2a even lowering with uneven counts (send {} recv {} to/from rank {}, expected {})",
+            send_counts[r], recv_counts[r], r, n);
       group.all_to_all(send, recv, n * rec_bytes, DType::u8);
       break;
     }

@@ -51,7 +51,8 @@ Plan agreed_plan(int world, std::vector<int64_t> split, bool all_x_in_place);
 // Collective: one all_gather of this rank's send counts [W], whether its input is valid and
 // whether its x is in place (Group::expose_staging), so neither agreement costs a collective of
 // its own; returns the agreed plan (split left empty where a rank's input was invalid).
-Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid, bool x_in_place = false);
+Plan make_plan(Group& group, std::span<const int64_t> send_counts, bool input_valid,
+               bool x_in_place = false);
 
 // Reusable staging for the padded lowering.
 struct Scratch {

@@ -4,6 +4,7 @@
 #include <array>
 #include <span>
 
+#include "core/check.h"
 #include "core/thread_pool.h"
 #include "ep/alltoall/lowerings.h"
 #include "ep/combine_rows.h"

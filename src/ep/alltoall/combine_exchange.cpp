@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 
+#include "core/check.h"
 #include "ep/alltoall/lowerings.h"
 #include "ep/combine_rows.h"
 

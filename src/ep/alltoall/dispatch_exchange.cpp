@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "ep/alltoall/lowerings.h"
 
 namespace deepinfer::ep::a2a {

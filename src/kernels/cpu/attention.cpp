@@ -5,7 +5,8 @@
 // split-KV). Highway SIMD for q.k (4 rows x 2 keys per step) and P.V (4 rows per step).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cpp"
-// clang-format off (foreach_target re-includes this file per target; the order matters)
+// foreach_target re-includes this file per target; the order matters:
+// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
@@ -141,7 +142,8 @@ HWY_INLINE void scores_tile(DF df, const float* qf, int64_t nr, const float* kf,
       const float* ks[4] = {k0, k1, k2, k3};
       for (int i = 0; i < 4; ++i)
         for (int u = 0; u < 4; ++u)
-          s[(r + i) * ld + t + u] = hn::GetLane(hn::SumOfLanes(df, acc[i][u])) + dot_tail(df, qs[i], ks[u], Dv, D);
+          s[(r + i) * ld + t + u] =
+              hn::GetLane(hn::SumOfLanes(df, acc[i][u])) + dot_tail(df, qs[i], ks[u], Dv, D);
     }
 #endif
     for (; t + 2 <= nt; t += 2) {

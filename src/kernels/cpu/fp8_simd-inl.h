@@ -27,7 +27,8 @@ HWY_INLINE hn::Vec<DF> DecodeE4m3(DF df, const uint8_t* HWY_RESTRICT p) {
   const auto normal = hn::BitCast(df, hn::Add(hn::ShiftLeft<20>(mag), hn::Set(di, 120 << 23)));
   const auto sub = hn::Mul(hn::ConvertTo(df, mag), hn::Set(df, 0x1p-9f));
   const auto r = hn::IfThenElse(hn::RebindMask(df, hn::Lt(mag, hn::Set(di, 8))), sub, normal);
-  return hn::Or(r, hn::BitCast(df, hn::And(hn::ShiftLeft<24>(v), hn::Set(di, int32_t(0x80000000u)))));
+  return hn::Or(r,
+                hn::BitCast(df, hn::And(hn::ShiftLeft<24>(v), hn::Set(di, int32_t(0x80000000u)))));
 }
 
 // Lanes(df) bf16 -> f32 (exact: the bits move up 16).

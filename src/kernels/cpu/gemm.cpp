@@ -3,8 +3,8 @@
 //  - small M (decode, M <= 8): memory-bound. Each weight row is streamed once; 128-wide K blocks
 //    are decoded to f32 in registers and FMA'd with the M activation rows (decoded once); the
 //    per-block partial vector is scaled by s_a·s_w into a vector accumulator, reduced at the end.
-//  - larger M (prefill): compute-bound. Work items of (128 output columns, MC rows); per K block the
-//    item decodes its 128×128 weight tile into a packed f32 panel and runs an MR×NR FMA
+//  - larger M (prefill): compute-bound. Work items of (128 output columns, MC rows); per K
+//    block the item decodes its 128×128 weight tile into a packed f32 panel and runs an MR×NR FMA
 //    microkernel over pre-packed f32 activations; the block's partial tile is scaled into an f32
 //    accumulator tile. Weights stay fp8 in memory; decoding is exact, so results are unchanged.
 //    Where the weight has a decode layout (gemm_vbmi.cpp), the panels come from it instead: its
@@ -12,17 +12,20 @@
 // bf16 GEMM uses the same kernels with a bf16 decoder and unit scales.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
+// foreach_target re-includes this file per target; the order matters:
+// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
+// clang-format on
+
+#include "kernels/gemm.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cpu/fp8_simd-inl.h"
-#include "kernels/gemm.h"
-
 #include "kernels/cpu/gemm_args.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -34,8 +37,10 @@ using VF = hn::Vec<DF>;
 // Decodes one vector of inputs (Lanes(DF) elements) of either type.
 template <bool kBf16>
 HWY_INLINE VF DecodeVec(DF df, const void* base, int64_t i) {
-  if constexpr (kBf16) return DecodeBf16(df, static_cast<const uint16_t*>(base) + i);
-  else return DecodeE4m3(df, static_cast<const uint8_t*>(base) + i);
+  if constexpr (kBf16)
+    return DecodeBf16(df, static_cast<const uint16_t*>(base) + i);
+  else
+    return DecodeE4m3(df, static_cast<const uint8_t*>(base) + i);
 }
 
 // Decodes n elements to f32 (exact), vector body + scalar tail.
@@ -46,12 +51,15 @@ void DecodeRow(const void* src, float* HWY_RESTRICT dst, int64_t n) {
   int64_t i = 0;
   for (; i + L <= n; i += L) hn::StoreU(DecodeVec<kBf16>(df, src, i), df, dst + i);
   for (; i < n; ++i)
-    dst[i] = kBf16 ? bf16_to_f32(static_cast<const bf16*>(src)[i]) : e4m3_to_f32(static_cast<const fp8_e4m3*>(src)[i]);
+    dst[i] = kBf16 ? bf16_to_f32(static_cast<const bf16*>(src)[i])
+                   : e4m3_to_f32(static_cast<const fp8_e4m3*>(src)[i]);
 }
 
 void Store(const GemmArgs& g, int64_t r, int64_t j, float v) {
-  if (g.out) g.out[r * g.n + j] = f32_to_bf16(v);
-  else g.out_f32[r * g.n + j] = v;
+  if (g.out)
+    g.out[r * g.n + j] = f32_to_bf16(v);
+  else
+    g.out_f32[r * g.n + j] = v;
 }
 
 // ---- small M: stream the weights once ---------------------------------------------------------
@@ -89,7 +97,8 @@ void SmallMRange(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, in
           std::memcpy(tail_bytes, wrow + size_t(k0 + kk) * esize, size_t(cnt) * esize);
           w0 = DecodeVec<kBf16>(df, tail_bytes, 0);
         }
-        for (int r = 0; r < MM; ++r) p0[r] = hn::MulAdd(hn::LoadU(df, af + r * K + k0 + kk), w0, p0[r]);
+        for (int r = 0; r < MM; ++r)
+          p0[r] = hn::MulAdd(hn::LoadU(df, af + r * K + k0 + kk), w0, p0[r]);
       }
       const float sw = g.w_scales ? g.w_scales[(j / kQuantBlock) * kbs + kb] : 1.0f;
       for (int r = 0; r < MM; ++r) {
@@ -110,14 +119,30 @@ void SmallM(const GemmArgs& g) {
   DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
   auto body = [&](int64_t j0, int64_t j1) {
     switch (g.m) {
-      case 1: SmallMRange<1, kBf16>(g, af.data(), j0, j1); break;
-      case 2: SmallMRange<2, kBf16>(g, af.data(), j0, j1); break;
-      case 3: SmallMRange<3, kBf16>(g, af.data(), j0, j1); break;
-      case 4: SmallMRange<4, kBf16>(g, af.data(), j0, j1); break;
-      case 5: SmallMRange<5, kBf16>(g, af.data(), j0, j1); break;
-      case 6: SmallMRange<6, kBf16>(g, af.data(), j0, j1); break;
-      case 7: SmallMRange<7, kBf16>(g, af.data(), j0, j1); break;
-      default: SmallMRange<8, kBf16>(g, af.data(), j0, j1); break;
+      case 1:
+        SmallMRange<1, kBf16>(g, af.data(), j0, j1);
+        break;
+      case 2:
+        SmallMRange<2, kBf16>(g, af.data(), j0, j1);
+        break;
+      case 3:
+        SmallMRange<3, kBf16>(g, af.data(), j0, j1);
+        break;
+      case 4:
+        SmallMRange<4, kBf16>(g, af.data(), j0, j1);
+        break;
+      case 5:
+        SmallMRange<5, kBf16>(g, af.data(), j0, j1);
+        break;
+      case 6:
+        SmallMRange<6, kBf16>(g, af.data(), j0, j1);
+        break;
+      case 7:
+        SmallMRange<7, kBf16>(g, af.data(), j0, j1);
+        break;
+      default:
+        SmallMRange<8, kBf16>(g, af.data(), j0, j1);
+        break;
     }
   };
   // Enough columns per task to amortise the dispatch; ~4 tasks per thread for balance.
@@ -133,8 +158,8 @@ constexpr int kMR = 8;  // 32 vector registers: 16 accumulators
 #else
 constexpr int kMR = 4;  // 16 vector registers: 8 accumulators
 #endif
-constexpr int kNV = 2;                 // NR = kNV vectors
-constexpr int64_t kNC = kQuantBlock;   // columns per work item: one weight-scale block
+constexpr int kNV = 2;                // NR = kNV vectors
+constexpr int64_t kNC = kQuantBlock;  // columns per work item: one weight-scale block
 
 // partial[MR][NR] = Σ_kk a[kk][r] · w[kk][c] over klen; a: [klen][MR], w: [klen][NR].
 HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, const float* HWY_RESTRICT w, int64_t klen,
@@ -163,7 +188,8 @@ void LargeM(const GemmArgs& g) {
 
   // Activations decoded and packed once: [m_tile][kb][kk < 128][kMR] f32, rows past M zero.
   const int64_t panel = kQuantBlock * kMR;
-  hwy::AlignedFreeUniquePtr<float[]> ap = hwy::AllocateAligned<float>(size_t(m_tiles * kbs * panel));
+  hwy::AlignedFreeUniquePtr<float[]> ap =
+      hwy::AllocateAligned<float>(size_t(m_tiles * kbs * panel));
   pool.parallel_for(m_tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(size_t(K) + size_t(L));
     for (int64_t t = t0; t < t1; ++t) {
@@ -174,7 +200,8 @@ void LargeM(const GemmArgs& g) {
         if (m >= g.m) break;
         const size_t esize = kBf16 ? 2 : 1;
         DecodeRow<kBf16>(static_cast<const uint8_t*>(g.a) + size_t(m * K) * esize, row.data(), K);
-        for (int64_t kk = 0; kk < K; ++kk) dst[(kk / kQuantBlock) * panel + (kk % kQuantBlock) * kMR + r] = row[size_t(kk)];
+        for (int64_t kk = 0; kk < K; ++kk)
+          dst[(kk / kQuantBlock) * panel + (kk % kQuantBlock) * kMR + r] = row[size_t(kk)];
       }
     }
   });
@@ -188,8 +215,10 @@ void LargeM(const GemmArgs& g) {
 
   pool.parallel_for(items, 1, [&](int64_t i0, int64_t i1) {
     const int64_t n_panels = (kNC + NR - 1) / NR;
-    hwy::AlignedFreeUniquePtr<float[]> wp = hwy::AllocateAligned<float>(size_t(n_panels * kQuantBlock * NR));
-    hwy::AlignedFreeUniquePtr<float[]> acc = hwy::AllocateAligned<float>(size_t(tiles_per_chunk * kMR * kNC));
+    hwy::AlignedFreeUniquePtr<float[]> wp =
+        hwy::AllocateAligned<float>(size_t(n_panels * kQuantBlock * NR));
+    hwy::AlignedFreeUniquePtr<float[]> acc =
+        hwy::AllocateAligned<float>(size_t(tiles_per_chunk * kMR * kNC));
     std::vector<float> row(size_t(kQuantBlock) + size_t(L));
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t nb = item % n_blocks, mc = item / n_blocks;
@@ -203,12 +232,14 @@ void LargeM(const GemmArgs& g) {
         // decode layout where there is one (its 32-column panels are this layout, NR = 32).
         bool from_decode_layout = NR == 32;
         for (int64_t pnl = 0; pnl < n_panels && from_decode_layout; ++pnl)
-          from_decode_layout = decode_layout_f32_panel(g, n0 + pnl * NR, kb, wp.get() + pnl * kQuantBlock * NR);
+          from_decode_layout =
+              decode_layout_f32_panel(g, n0 + pnl * NR, kb, wp.get() + pnl * kQuantBlock * NR);
         if (!from_decode_layout) {
           std::fill(wp.get(), wp.get() + n_panels * kQuantBlock * NR, 0.0f);
           const size_t esize = kBf16 ? 2 : 1;
           for (int64_t j = 0; j < nc; ++j) {
-            DecodeRow<kBf16>(static_cast<const uint8_t*>(g.w) + size_t((n0 + j) * K + k0) * esize, row.data(), klen);
+            DecodeRow<kBf16>(static_cast<const uint8_t*>(g.w) + size_t((n0 + j) * K + k0) * esize,
+                             row.data(), klen);
             float* dst = wp.get() + (j / NR) * kQuantBlock * NR + (j % NR);
             for (int64_t kk = 0; kk < klen; ++kk) dst[kk * NR] = row[size_t(kk)];
           }
@@ -253,11 +284,15 @@ void Gemm(const GemmArgs& g) {
     return;
   }
   if (g.m <= kSmallM) {
-    if (g.bf16_inputs) SmallM<true>(g);
-    else SmallM<false>(g);
+    if (g.bf16_inputs)
+      SmallM<true>(g);
+    else
+      SmallM<false>(g);
   } else {
-    if (g.bf16_inputs) LargeM<true>(g);
-    else LargeM<false>(g);
+    if (g.bf16_inputs)
+      LargeM<true>(g);
+    else
+      LargeM<false>(g);
   }
 }
 
@@ -303,8 +338,8 @@ void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p) {
   const int64_t kbs = num_blocks(p.k), w_scale_count = num_blocks(p.n) * kbs;
   for (int64_t e = 0; e < p.num_experts; ++e) {
     const int64_t rows = p.masked_m[e], base = e * p.max_m;
-    run({p.a + base * p.k, p.a_scales + base * kbs, p.w + e * p.n * p.k, p.w_scales + e * w_scale_count,
-         p.out + base * p.n, nullptr, rows, p.n, p.k, false});
+    run({p.a + base * p.k, p.a_scales + base * kbs, p.w + e * p.n * p.k,
+         p.w_scales + e * w_scale_count, p.out + base * p.n, nullptr, rows, p.n, p.k, false});
     zero_rows(p.out + (base + rows) * p.n, p.max_m - rows, p.n);
   }
 }

@@ -8,12 +8,12 @@
 namespace deepinfer::kernels::cpu {
 
 struct GemmArgs {
-  const void* a;            // [m, k] e4m3 or bf16
-  const float* a_scales;    // [m, kb] or null (bf16: unit scales)
-  const void* w;            // [n, k]
-  const float* w_scales;    // [nb, kb] or null
-  bf16* out;                // [m, n] or null
-  float* out_f32;           // [m, n] or null
+  const void* a;          // [m, k] e4m3 or bf16
+  const float* a_scales;  // [m, kb] or null (bf16: unit scales)
+  const void* w;          // [n, k]
+  const float* w_scales;  // [nb, kb] or null
+  bf16* out;              // [m, n] or null
+  float* out_f32;         // [m, n] or null
   int64_t m, n, k;
   bool bf16_inputs;
   const uint8_t* w_decode = nullptr;  // w in the decode layout, or null

@@ -4,14 +4,17 @@
 //    (VDPBF16PS, 32 products per instruction) against one broadcast activation pair accumulate
 //    straight into the outputs: no horizontal sums, and each broadcast feeds two 16-column groups.
 //  - the checkpoint's row layout, f32 FMAs over 128-wide K blocks, described next.
-// Decode streams the weights once, so the per-byte decode cost decides the speed: an e4m3 code becomes bf16 (exact: 4 exponent and 3 mantissa bits fit)
-// through two 128-entry byte lookups (VPERMI2B, the low and high byte of the code), 64 codes at a
-// time, and f32 by moving the bf16 bits up (an interleave with zeros). The interleaves permute
-// positions within each 64-code group; activations go through the same decode, so products pair
-// up. Products are exact in f32; each 128-block's partial sum is scaled by s_a·s_w into the
-// accumulator as docs/numerics.md §3 says, so only the f32 summation order differs from the host.
-// (Scaling the decoded values instead saves that epilogue but moves the rounding points enough to
-// fail the tiny model's golden: 1.5e-2 against 6e-4 on one prompt.)
+// Decode streams the weights once, so the per-byte decode cost decides the speed: an e4m3 code
+// becomes bf16 (exact: 4 exponent and 3 mantissa bits fit) through two 128-entry byte lookups
+// (VPERMI2B, the low and high byte of the code), 64 codes at a time, and f32 by moving the bf16
+// bits up (an interleave with zeros). The interleaves permute positions within each 64-code group;
+// activations go through the same decode, so products pair up. Products are exact in f32; each
+// 128-block's partial sum is scaled by s_a·s_w into the accumulator as docs/numerics.md §3 says, so
+// only the f32 summation order differs from the host. (Scaling the decoded values instead saves
+// that epilogue but moves the rounding points enough to fail the tiny model's golden: 1.5e-2
+// against 6e-4 on one prompt.)
+#include <deepinfer/error.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -19,8 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include <deepinfer/error.h>
-
+#include "core/check.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
@@ -56,14 +58,30 @@ const Tables& tables() {
 template <class F>
 void with_rows(int64_t m, F&& f) {
   switch (m) {
-    case 1: f.template operator()<1>(); break;
-    case 2: f.template operator()<2>(); break;
-    case 3: f.template operator()<3>(); break;
-    case 4: f.template operator()<4>(); break;
-    case 5: f.template operator()<5>(); break;
-    case 6: f.template operator()<6>(); break;
-    case 7: f.template operator()<7>(); break;
-    default: f.template operator()<8>(); break;
+    case 1:
+      f.template operator()<1>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    case 3:
+      f.template operator()<3>();
+      break;
+    case 4:
+      f.template operator()<4>();
+      break;
+    case 5:
+      f.template operator()<5>();
+      break;
+    case 6:
+      f.template operator()<6>();
+      break;
+    case 7:
+      f.template operator()<7>();
+      break;
+    default:
+      f.template operator()<8>();
+      break;
   }
 }
 
@@ -91,7 +109,8 @@ struct Decoder {
   DI_VBMI_TARGET inline void decode_bf16(const uint8_t* p, __m512i& b0, __m512i& b1) const {
     const __m512i codes = _mm512_loadu_si512(p);
     const __m512i lo = _mm512_permutex2var_epi8(lo0, codes, lo1);
-    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, codes, hi1), codes, sign, 0xF8);
+    const __m512i hi =
+        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, codes, hi1), codes, sign, 0xF8);
     b0 = _mm512_unpacklo_epi8(lo, hi);
     b1 = _mm512_unpackhi_epi8(lo, hi);
   }
@@ -152,18 +171,20 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
     for (int64_t c = 0; c < nj; ++c)
       for (int r = 0; r < MM; ++r) {
         const float v = hsum(acc[c][r]);
-        if (g.out) g.out[r * g.n + jt + c] = f32_to_bf16(v);
-        else g.out_f32[r * g.n + jt + c] = v;
+        if (g.out)
+          g.out[r * g.n + jt + c] = f32_to_bf16(v);
+        else
+          g.out_f32[r * g.n + jt + c] = v;
       }
   }
 }
 
-
-// ---- decode layout -------------------------------------------------------------------------------
-// Panel = 32 output columns (two groups of 16), all of K. In a panel, group g's chunk c (64 bytes)
-// holds K [4c, 4c+4) of its 16 columns: byte 16·(i/4) + 2·(i%4) + e is column i at K 4c + e, and
-// 8 bytes further at K 4c + 2 + e, so that decode_bf16 gives lane i the K pairs (4c, 4c+1) in b0
-// and (4c+2, 4c+3) in b1. Columns past n are zero codes. Panels are contiguous: [panel][g][chunk].
+// ---- decode layout
+// ------------------------------------------------------------------------------- Panel = 32 output
+// columns (two groups of 16), all of K. In a panel, group g's chunk c (64 bytes) holds K [4c, 4c+4)
+// of its 16 columns: byte 16·(i/4) + 2·(i%4) + e is column i at K 4c + e, and 8 bytes further at K
+// 4c + 2 + e, so that decode_bf16 gives lane i the K pairs (4c, 4c+1) in b0 and (4c+2, 4c+3) in b1.
+// Columns past n are zero codes. Panels are contiguous: [panel][g][chunk].
 constexpr int64_t kPanel = 32;
 inline size_t panel_bytes(int64_t k) { return size_t(kPanel * k); }
 
@@ -199,8 +220,8 @@ DI_VBMI_TARGET void ActivationsBf16(const GemmArgs& g, uint16_t* out) {
   for (int64_t i = 0; i < g.m * g.k; i += 64) {  // k % 128 == 0: whole vectors
     const __m512i codes = _mm512_loadu_si512(a + i);
     const __m512i lo = _mm512_permutex2var_epi8(dec.lo0, codes, dec.lo1);
-    const __m512i hi =
-        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(dec.hi0, codes, dec.hi1), codes, dec.sign, 0xF8);
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(dec.hi0, codes, dec.hi1),
+                                                 codes, dec.sign, 0xF8);
     for (int h = 0; h < 2; ++h)  // bytes (lo[j], hi[j]) for j in [32h, 32h + 32): K order
       _mm512_storeu_si512(out + i + 32 * h, _mm512_permutex2var_epi8(lo, interleave[h], hi));
   }
@@ -249,8 +270,10 @@ DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p
       _mm512_store_ps(v, acc[0][r]);
       _mm512_store_ps(v + 16, acc[1][r]);
       for (int64_t c = 0; c < nj; ++c) {
-        if (g.out) g.out[r * g.n + j0 + c] = f32_to_bf16(v[c]);
-        else g.out_f32[r * g.n + j0 + c] = v[c];
+        if (g.out)
+          g.out[r * g.n + j0 + c] = f32_to_bf16(v[c]);
+        else
+          g.out_f32[r * g.n + j0 + c] = v[c];
       }
     }
   }
@@ -270,7 +293,8 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
       float* o = out + (4 * c) * kPanel + g * 16;
       _mm512_store_ps(o, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b0, 16)));
       _mm512_store_ps(o + kPanel, _mm512_castsi512_ps(_mm512_and_si512(b0, high)));
-      _mm512_store_ps(o + 2 * kPanel, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b1, 16)));
+      _mm512_store_ps(o + 2 * kPanel,
+                      _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b1, 16)));
       _mm512_store_ps(o + 3 * kPanel, _mm512_castsi512_ps(_mm512_and_si512(b1, high)));
     }
   }
@@ -331,11 +355,14 @@ bool cpu_has_bf16_dot() {
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
-  if (g.bf16_inputs || g.m < 1 || g.m > kSmallM || g.k % 128 != 0 || !g.a_scales || !g.w_scales) return false;
+  if (g.bf16_inputs || g.m < 1 || g.m > kSmallM || g.k % 128 != 0 || !g.a_scales || !g.w_scales)
+    return false;
   const DecodeGemm mode = g_decode_gemm;
   if (mode == DecodeGemm::generic || !cpu_has_vbmi()) return false;
-  if (mode == DecodeGemm::automatic && g.w_decode && cpu_has_bf16_dot()) RunDecodeLayout(g);
-  else Run(g);
+  if (mode == DecodeGemm::automatic && g.w_decode && cpu_has_bf16_dot())
+    RunDecodeLayout(g);
+  else
+    Run(g);
   return true;
 }
 
@@ -343,8 +370,10 @@ bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* o
   if (!g.w_decode || g.bf16_inputs || g.k % 128 != 0 || n0 % kPanel != 0 || !cpu_has_bf16_dot() ||
       g_decode_gemm != DecodeGemm::automatic)
     return false;
-  if (n0 >= g.n) std::fill(out, out + 128 * kPanel, 0.0f);  // past the last panel: zero columns
-  else PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out);
+  if (n0 >= g.n)
+    std::fill(out, out + 128 * kPanel, 0.0f);  // past the last panel: zero columns
+  else
+    PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out);
   return true;
 }
 
@@ -358,11 +387,13 @@ size_t decode_layout_bytes(int64_t n, int64_t k) {
 }
 
 void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
-  DI_CHECK(decode_layout_bytes(n, k) > 0, "pack_decode_layout: no decode layout for n={} k={} on this CPU", n, k);
+  DI_CHECK(decode_layout_bytes(n, k) > 0,
+           "pack_decode_layout: no decode layout for n={} k={} on this CPU", n, k);
   const int64_t panels = (n + cpu::kPanel - 1) / cpu::kPanel;
   kernel_pool().parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
-      cpu::pack_panel(reinterpret_cast<const uint8_t*>(w), n, k, p, out + size_t(p) * cpu::panel_bytes(k));
+      cpu::pack_panel(reinterpret_cast<const uint8_t*>(w), n, k, p,
+                      out + size_t(p) * cpu::panel_bytes(k));
   });
 }
 

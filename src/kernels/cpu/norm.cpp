@@ -1,7 +1,8 @@
 // cpu: RMSNorm (+ fused 1x128 cast) and residual add. Highway SIMD, rows over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/norm.cpp"
-// clang-format off (foreach_target re-includes this file per target; the order matters)
+// foreach_target re-includes this file per target; the order matters:
+// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 // clang-format on

@@ -2,8 +2,13 @@
 // results equal host bit for bit (the harness checks with tolerance 0).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/quant.cpp"
+// foreach_target re-includes this file per target; the order matters:
+// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// clang-format on
+
+#include "kernels/quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +16,6 @@
 #include <vector>
 
 #include "kernels/cpu/fp8_simd-inl.h"
-#include "kernels/quant.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
@@ -45,7 +49,8 @@ void Bf16ToF32(const bf16* HWY_RESTRICT x, float* HWY_RESTRICT out, int64_t n) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   int64_t i = 0;
-  for (; i + L <= n; i += L) hn::StoreU(DecodeBf16(df, reinterpret_cast<const uint16_t*>(x) + i), df, out + i);
+  for (; i + L <= n; i += L)
+    hn::StoreU(DecodeBf16(df, reinterpret_cast<const uint16_t*>(x) + i), df, out + i);
   for (; i < n; ++i) out[i] = bf16_to_f32(x[i]);
 }
 
@@ -95,8 +100,10 @@ void DecodeScale(const fp8_e4m3* HWY_RESTRICT q, float s, bf16* out, float* out_
     if (out_f32) hn::StoreU(v, df, out_f32 + i);
     if (out) {
       const auto x = hn::BitCast(du, v);  // finite: round to nearest even on the top 16 bits
-      const auto r = hn::ShiftRight<16>(hn::Add(x, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u)))));
-      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<DF>(), r)), d16, reinterpret_cast<uint16_t*>(out) + i);
+      const auto r = hn::ShiftRight<16>(hn::Add(
+          x, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u)))));
+      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<DF>(), r)), d16,
+                 reinterpret_cast<uint16_t*>(out) + i);
     }
   }
   for (; i < n; ++i) {
@@ -111,8 +118,10 @@ void DequantPerToken(const DequantTokenParams& p) {
   kernel_pool().parallel_for(p.m, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t kb = 0; kb < kbs; ++kb) {
-        const int64_t o = m * p.k + kb * kQuantBlock, len = std::min(kQuantBlock, p.k - kb * kQuantBlock);
-        DecodeScale(p.q + o, p.scales[m * kbs + kb], p.out ? p.out + o : nullptr, p.out_f32 ? p.out_f32 + o : nullptr, len);
+        const int64_t o = m * p.k + kb * kQuantBlock,
+                      len = std::min(kQuantBlock, p.k - kb * kQuantBlock);
+        DecodeScale(p.q + o, p.scales[m * kbs + kb], p.out ? p.out + o : nullptr,
+                    p.out_f32 ? p.out_f32 + o : nullptr, len);
       }
   });
 }
@@ -122,7 +131,8 @@ void DequantPerBlock(const DequantBlockParams& p) {
   kernel_pool().parallel_for(p.n, 1, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t kb = 0; kb < kbs; ++kb) {
-        const int64_t o = n * p.k + kb * kQuantBlock, len = std::min(kQuantBlock, p.k - kb * kQuantBlock);
+        const int64_t o = n * p.k + kb * kQuantBlock,
+                      len = std::min(kQuantBlock, p.k - kb * kQuantBlock);
         DecodeScale(p.q + o, p.scales[(n / kQuantBlock) * kbs + kb], p.out ? p.out + o : nullptr,
                     p.out_f32 ? p.out_f32 + o : nullptr, len);
       }

@@ -2,7 +2,8 @@
 // vectorised over interleaved pairs (Reverse2 swaps each pair), tokens over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/rope.cpp"
-// clang-format off (foreach_target re-includes this file per target; the order matters)
+// foreach_target re-includes this file per target; the order matters:
+// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 // clang-format on
@@ -12,6 +13,7 @@
 
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/cpu/activation_simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();

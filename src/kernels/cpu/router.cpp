@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels::cpu {
 namespace {
 

@@ -3,7 +3,8 @@
 // sampling.h operation for operation, so tokens equal host's bit for bit.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/sampling.cpp"
-// clang-format off (foreach_target re-includes this file per target; the order matters)
+// foreach_target re-includes this file per target; the order matters:
+// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 // clang-format on
@@ -15,6 +16,8 @@
 #include <cmath>
 #include <numeric>
 #include <vector>
+
+#include "core/check.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {

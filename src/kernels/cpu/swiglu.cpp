@@ -2,7 +2,8 @@
 // rows over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/swiglu.cpp"
-// clang-format off (foreach_target re-includes this file per target; the order matters)
+// foreach_target re-includes this file per target; the order matters:
+// clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>

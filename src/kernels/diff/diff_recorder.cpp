@@ -1,15 +1,15 @@
 #include "kernels/diff/diff_recorder.h"
 
-#include "core/element.h"
-
 #include <deepinfer/error.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "core/check.h"
+#include "core/element.h"
 
 namespace deepinfer::kernels::diff {
 
@@ -21,7 +21,9 @@ thread_local int t_rank = 0;
 struct Writer {
   std::string out;
   template <class T>
-  void pod(const T& v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void pod(const T& v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
   void str(const std::string& s) {
     pod(uint32_t(s.size()));
     out += s;
@@ -50,9 +52,12 @@ struct Reader {
 std::string json_escape(std::string_view s) {
   std::string o;
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", int(c));
-    else o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20)
+      o += fmt::format("\\u{:04x}", int(c));
+    else
+      o += c;
   }
   return o;
 }
@@ -63,7 +68,9 @@ std::string json_num(double v) {
   return fmt::format("{:.6g}", v);
 }
 
-std::string fmt_sci(double v) { return std::isfinite(v) ? fmt::format("{:.3e}", v) : fmt::format("{}", v); }
+std::string fmt_sci(double v) {
+  return std::isfinite(v) ? fmt::format("{:.3e}", v) : fmt::format("{}", v);
+}
 
 }  // namespace
 
@@ -71,10 +78,13 @@ double tolerance_for(std::string_view op, DType dtype, const DiffTolerance& tol)
   if (!dtype_is_float(dtype)) return 0;
   if (op.starts_with("mla_")) return tol.attention;
   switch (dtype) {
-    case DType::bf16: return tol.bf16;
+    case DType::bf16:
+      return tol.bf16;
     case DType::e4m3:
-    case DType::e5m2: return tol.fp8;
-    default: return tol.f32;
+    case DType::e5m2:
+      return tol.fp8;
+    default:
+      return tol.f32;
   }
 }
 
@@ -107,8 +117,10 @@ BufferDiff compare_buffer(DType dtype, const void* a, const void* b, int64_t num
     d.max_abs = std::max(d.max_abs, std::fabs(x - y));
     ++finite;
   }
-  if (ref2 > 0) d.rel_err = std::sqrt(diff2 / ref2);
-  else d.rel_err = diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+  if (ref2 > 0)
+    d.rel_err = std::sqrt(diff2 / ref2);
+  else
+    d.rel_err = diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0;
   // Pass 2: elements over the per-element bound tol·max(|b|, rms(b)) (rms keeps near-zero
   // elements from counting as huge relative errors).
   const double rms = finite ? std::sqrt(ref2 / double(finite)) : 0.0;
@@ -175,8 +187,9 @@ void DiffRecorder::on_call(const KernelCall& call) {
   row.shape = call.shape;
   // The host replay owns its outputs; they die at the end of this call (bounded memory).
   const std::vector<Tensor> ref = call.replay_on_host();
-  DI_CHECK(ref.size() == call.outputs.size(), "diff: host replay of {} gave {} outputs, expected {}", call.op,
-           ref.size(), call.outputs.size());
+  DI_CHECK(ref.size() == call.outputs.size(),
+           "diff: host replay of {} gave {} outputs, expected {}", call.op, ref.size(),
+           call.outputs.size());
   bool first = true;
   for (size_t i = 0; i < ref.size(); ++i) {
     const CallBuffer& out = call.outputs[i];
@@ -262,7 +275,8 @@ std::vector<DiffRow> deserialize_rows(const std::string& bytes) {
     r.numel = rd.pod<int64_t>();
     rows.push_back(std::move(r));
   }
-  DI_CHECK(rd.pos == bytes.size(), "diff: {} trailing bytes after {} rows", bytes.size() - rd.pos, n);
+  DI_CHECK(rd.pos == bytes.size(), "diff: {} trailing bytes after {} rows", bytes.size() - rd.pos,
+           n);
   return rows;
 }
 
@@ -283,7 +297,8 @@ std::vector<DiffRow> gather_diff_rows(Group& group, const std::vector<DiffRow>& 
     auto part = deserialize_rows(all.substr(off, counts[size_t(r)]));
     off += counts[size_t(r)];
     for (auto& row : part) row.rank = r;  // the sender's rank, whatever thread binding it had
-    rows.insert(rows.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+    rows.insert(rows.end(), std::make_move_iterator(part.begin()),
+                std::make_move_iterator(part.end()));
   }
   return rows;
 }
@@ -303,53 +318,63 @@ DiffReport make_report(std::vector<DiffRow> rows) {
 std::string format_report(const DiffReport& rep, const ReportOptions& opts) {
   std::string s;
   const size_t top = std::min(rep.ranked.size(), size_t(std::max(opts.top, 0)));
-  s += fmt::format("Kernel calls ranked by error (score = rel_err / tol; NaN/inf first), top {} of {}:\n", top,
-                   rep.calls);
-  s += fmt::format("{:>4} {:>4} {:<28} {:<26} {:>6} {:<40} {:<12} {:>10} {:>10} {:>8} {:>9} {:>6} {:>9} {}\n",
-                   "#", "rank", "op", "tag", "call", "shape", "output", "max_abs", "rel_err", "tol", "over_tol",
-                   "nan/inf", "score", "");
+  s += fmt::format(
+      "Kernel calls ranked by error (score = rel_err / tol; NaN/inf first), top {} of {}:\n", top,
+      rep.calls);
+  s += fmt::format(
+      "{:>4} {:>4} {:<28} {:<26} {:>6} {:<40} {:<12} {:>10} {:>10} {:>8} {:>9} {:>6} {:>9} {}\n",
+      "#", "rank", "op", "tag", "call", "shape", "output", "max_abs", "rel_err", "tol", "over_tol",
+      "nan/inf", "score", "");
   for (size_t i = 0; i < top; ++i) {
     const DiffRow& r = rep.ranked[i];
-    s += fmt::format("{:>4} {:>4} {:<28} {:<26} {:>6} {:<40} {:<12} {:>10} {:>10} {:>8.1e} {:>9} {:>6} {:>9} {}\n",
-                     i + 1, r.rank, r.op, r.tag.empty() ? "-" : r.tag, r.index, r.shape, r.output,
-                     fmt_sci(r.max_abs), fmt_sci(r.rel_err), r.tol, r.over_tol, r.nonfinite,
-                     fmt::format("{:.3g}", r.score()), r.bad() ? "FAIL" : "ok");
+    s += fmt::format(
+        "{:>4} {:>4} {:<28} {:<26} {:>6} {:<40} {:<12} {:>10} {:>10} {:>8.1e} {:>9} {:>6} {:>9} "
+        "{}\n",
+        i + 1, r.rank, r.op, r.tag.empty() ? "-" : r.tag, r.index, r.shape, r.output,
+        fmt_sci(r.max_abs), fmt_sci(r.rel_err), r.tol, r.over_tol, r.nonfinite,
+        fmt::format("{:.3g}", r.score()), r.bad() ? "FAIL" : "ok");
   }
   s += "\nPer op:\n";
-  s += fmt::format("{:<28} {:>7} {:>7} {:>11} {:>11} {:>8} {:>7}\n", "op", "calls", "bad", "worst_rel",
-                   "median_rel", "tol", "nan/inf");
+  s += fmt::format("{:<28} {:>7} {:>7} {:>11} {:>11} {:>8} {:>7}\n", "op", "calls", "bad",
+                   "worst_rel", "median_rel", "tol", "nan/inf");
   for (const auto& o : rep.ops)
-    s += fmt::format("{:<28} {:>7} {:>7} {:>11} {:>11} {:>8.1e} {:>7}\n", o.op, o.calls, o.bad_calls,
-                     fmt_sci(o.worst_rel), fmt_sci(o.median_rel), o.tol, o.nonfinite);
+    s += fmt::format("{:<28} {:>7} {:>7} {:>11} {:>11} {:>8.1e} {:>7}\n", o.op, o.calls,
+                     o.bad_calls, fmt_sci(o.worst_rel), fmt_sci(o.median_rel), o.tol, o.nonfinite);
   if (rep.ok())
-    s += fmt::format("\nOK: all {} kernel calls within tolerance of the host reference\n", rep.calls);
+    s += fmt::format("\nOK: all {} kernel calls within tolerance of the host reference\n",
+                     rep.calls);
   else
-    s += fmt::format("\nFAIL: {} of {} kernel calls exceed tolerance or produce NaN/inf; worst: {} call {} ({})\n",
-                     rep.bad_calls, rep.calls, rep.ranked.front().op, rep.ranked.front().index,
-                     rep.ranked.front().tag.empty() ? "-" : rep.ranked.front().tag);
+    s += fmt::format(
+        "\nFAIL: {} of {} kernel calls exceed tolerance or produce NaN/inf; worst: {} call {} "
+        "({})\n",
+        rep.bad_calls, rep.calls, rep.ranked.front().op, rep.ranked.front().index,
+        rep.ranked.front().tag.empty() ? "-" : rep.ranked.front().tag);
   return s;
 }
 
 std::string report_json(const DiffReport& rep, const ReportOptions& opts) {
-  std::string s = fmt::format("{{\"calls\":{},\"bad_calls\":{},\"ok\":{},\"ops\":[", rep.calls, rep.bad_calls,
-                              rep.ok() ? "true" : "false");
+  std::string s = fmt::format("{{\"calls\":{},\"bad_calls\":{},\"ok\":{},\"ops\":[", rep.calls,
+                              rep.bad_calls, rep.ok() ? "true" : "false");
   for (size_t i = 0; i < rep.ops.size(); ++i) {
     const auto& o = rep.ops[i];
-    s += fmt::format("{}{{\"op\":\"{}\",\"calls\":{},\"bad_calls\":{},\"worst_rel\":{},\"median_rel\":{},"
-                     "\"tol\":{},\"nonfinite\":{}}}",
-                     i ? "," : "", json_escape(o.op), o.calls, o.bad_calls, json_num(o.worst_rel),
-                     json_num(o.median_rel), json_num(o.tol), o.nonfinite);
+    s += fmt::format(
+        "{}{{\"op\":\"{}\",\"calls\":{},\"bad_calls\":{},\"worst_rel\":{},\"median_rel\":{},"
+        "\"tol\":{},\"nonfinite\":{}}}",
+        i ? "," : "", json_escape(o.op), o.calls, o.bad_calls, json_num(o.worst_rel),
+        json_num(o.median_rel), json_num(o.tol), o.nonfinite);
   }
   s += "],\"ranked\":[";
   const size_t top = std::min(rep.ranked.size(), size_t(std::max(opts.top, 0)));
   for (size_t i = 0; i < top; ++i) {
     const auto& r = rep.ranked[i];
-    s += fmt::format("{}{{\"rank\":{},\"op\":\"{}\",\"tag\":\"{}\",\"call\":{},\"shape\":\"{}\",\"output\":\"{}\","
-                     "\"max_abs\":{},\"rel_err\":{},\"tol\":{},\"over_tol\":{},\"nonfinite\":{},\"numel\":{},"
-                     "\"score\":{},\"bad\":{}}}",
-                     i ? "," : "", r.rank, json_escape(r.op), json_escape(r.tag), r.index, json_escape(r.shape),
-                     json_escape(r.output), json_num(r.max_abs), json_num(r.rel_err), json_num(r.tol), r.over_tol,
-                     r.nonfinite, r.numel, json_num(r.score()), r.bad() ? "true" : "false");
+    s += fmt::format(
+        "{}{{\"rank\":{},\"op\":\"{}\",\"tag\":\"{}\",\"call\":{},\"shape\":\"{}\",\"output\":\"{}"
+        "\","
+        "\"max_abs\":{},\"rel_err\":{},\"tol\":{},\"over_tol\":{},\"nonfinite\":{},\"numel\":{},"
+        "\"score\":{},\"bad\":{}}}",
+        i ? "," : "", r.rank, json_escape(r.op), json_escape(r.tag), r.index, json_escape(r.shape),
+        json_escape(r.output), json_num(r.max_abs), json_num(r.rel_err), json_num(r.tol),
+        r.over_tol, r.nonfinite, r.numel, json_num(r.score()), r.bad() ? "true" : "false");
   }
   s += "]}\n";
   return s;

@@ -36,11 +36,11 @@ double tolerance_for(std::string_view op, DType dtype, const DiffTolerance& tol 
 
 // One output buffer of one call compared with its host replay.
 struct BufferDiff {
-  double max_abs = 0;       // max |a−b| over finite pairs (integers: max |a−b| too)
-  double rel_err = 0;       // ‖a−b‖₂/‖b‖₂ over finite pairs; integers: fraction of differing elements
-  int64_t over_tol = 0;     // elements with |a−b| > tol·max(|b|, rms(b)) (integers: any difference)
-  int64_t nonfinite = 0;    // NaN/inf in a or b that the other side does not match exactly
-  int64_t nan_a = 0;        // NaN in the backend output (never passes)
+  double max_abs = 0;  // max |a−b| over finite pairs (integers: max |a−b| too)
+  double rel_err = 0;  // ‖a−b‖₂/‖b‖₂ over finite pairs; integers: fraction of differing elements
+  int64_t over_tol = 0;  // elements with |a−b| > tol·max(|b|, rms(b)) (integers: any difference)
+  int64_t nonfinite = 0;  // NaN/inf in a or b that the other side does not match exactly
+  int64_t nan_a = 0;      // NaN in the backend output (never passes)
   int64_t numel = 0;
 };
 
@@ -54,7 +54,7 @@ struct DiffRow {
   std::string tag;
   uint64_t index = 0;
   std::string shape;
-  std::string output;    // the output buffer the figures are from, e.g. "out"
+  std::string output;  // the output buffer the figures are from, e.g. "out"
   double max_abs = 0;
   double rel_err = 0;
   double tol = 0;
@@ -62,8 +62,8 @@ struct DiffRow {
   int64_t nonfinite = 0;  // NaN/inf mismatches, both sides
   int64_t numel = 0;
 
-  bool bad() const;       // over tolerance or any NaN/inf mismatch
-  double score() const;   // ranking key: +inf with NaN/inf, else rel_err/tol (tol 0: rel_err·1e12)
+  bool bad() const;      // over tolerance or any NaN/inf mismatch
+  double score() const;  // ranking key: +inf with NaN/inf, else rel_err/tol (tol 0: rel_err·1e12)
 };
 
 // Sorts worst first: score descending, ties by rank, op, index (deterministic).
@@ -75,7 +75,7 @@ struct OpSummary {
   int64_t bad_calls = 0;
   double worst_rel = 0;
   double median_rel = 0;
-  double tol = 0;          // the tolerance of its worst call
+  double tol = 0;  // the tolerance of its worst call
   int64_t nonfinite = 0;
 };
 
@@ -125,7 +125,7 @@ struct ReportOptions {
 };
 
 struct DiffReport {
-  std::vector<DiffRow> ranked;     // every row, worst first
+  std::vector<DiffRow> ranked;  // every row, worst first
   std::vector<OpSummary> ops;
   int64_t calls = 0;
   int64_t bad_calls = 0;

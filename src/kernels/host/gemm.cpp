@@ -2,10 +2,10 @@
 // pins it. For each output element and each 128-wide K block, the exact e4m3 products are summed
 // exactly (float64 holds the sum of 128 of them without error) and rounded once to fp32; then
 // acc = acc + P·(s_a·s_w) in fp32, the scale product first; the output is rounded once.
+#include "kernels/gemm.h"
+
 #include <algorithm>
 #include <vector>
-
-#include "kernels/gemm.h"
 
 namespace deepinfer::kernels::host {
 
@@ -21,7 +21,8 @@ void store(bf16* out, float* out_f32, int64_t i, float v) {
 void fp8_rows(const fp8_e4m3* a, const float* a_scales, const fp8_e4m3* w, const float* w_scales,
               bf16* out, float* out_f32, int64_t rows, int64_t n, int64_t k) {
   const int64_t kb_count = num_blocks(k);
-  std::vector<float> wf(static_cast<size_t>(k)), af(static_cast<size_t>(rows * k));  // decoded once: the values are exact
+  std::vector<float> wf(static_cast<size_t>(k)),
+      af(static_cast<size_t>(rows * k));  // decoded once: the values are exact
   for (int64_t i = 0; i < rows * k; ++i) af[size_t(i)] = e4m3_to_f32(a[i]);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t kk = 0; kk < k; ++kk) wf[size_t(kk)] = e4m3_to_f32(w[j * k + kk]);
@@ -42,9 +43,7 @@ void fp8_rows(const fp8_e4m3* a, const float* a_scales, const fp8_e4m3* w, const
   }
 }
 
-void zero_rows(bf16* out, int64_t rows, int64_t n) {
-  std::fill(out, out + rows * n, bf16{0});
-}
+void zero_rows(bf16* out, int64_t rows, int64_t n) { std::fill(out, out + rows * n, bf16{0}); }
 
 }  // namespace
 
@@ -60,8 +59,8 @@ void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p) {
       zero_rows(p.out + r * p.n, 1, p.n);
       continue;
     }
-    fp8_rows(p.a + r * p.k, p.a_scales + r * kb_count, p.w + e * p.n * p.k, p.w_scales + e * w_scale_count,
-             p.out + r * p.n, nullptr, 1, p.n, p.k);
+    fp8_rows(p.a + r * p.k, p.a_scales + r * kb_count, p.w + e * p.n * p.k,
+             p.w_scales + e * w_scale_count, p.out + r * p.n, nullptr, 1, p.n, p.k);
   }
 }
 
@@ -69,8 +68,8 @@ void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p) {
   const int64_t kb_count = num_blocks(p.k), w_scale_count = num_blocks(p.n) * kb_count;
   for (int64_t e = 0; e < p.num_experts; ++e) {
     const int64_t rows = p.masked_m[e], base = e * p.max_m;
-    fp8_rows(p.a + base * p.k, p.a_scales + base * kb_count, p.w + e * p.n * p.k, p.w_scales + e * w_scale_count,
-             p.out + base * p.n, nullptr, rows, p.n, p.k);
+    fp8_rows(p.a + base * p.k, p.a_scales + base * kb_count, p.w + e * p.n * p.k,
+             p.w_scales + e * w_scale_count, p.out + base * p.n, nullptr, rows, p.n, p.k);
     zero_rows(p.out + (base + rows) * p.n, p.max_m - rows, p.n);
   }
 }
@@ -83,7 +82,8 @@ void gemm_bf16(const GemmBf16Params& p) {
       // bf16×bf16 products are exact in double; the dot product is summed in double and rounded
       // once to fp32, as the PyTorch reference does (tools/reference/NUMERICS.md, bf16 mode).
       double acc = 0.0;
-      for (int64_t kk = 0; kk < p.k; ++kk) acc += double(bf16_to_f32(p.a[r * p.k + kk])) * double(wf[size_t(kk)]);
+      for (int64_t kk = 0; kk < p.k; ++kk)
+        acc += double(bf16_to_f32(p.a[r * p.k + kk])) * double(wf[size_t(kk)]);
       store(p.out, p.out_f32, r * p.n + j, float(acc));
     }
   }

@@ -1,8 +1,8 @@
 // Reference fp8 casts: scalar, one element at a time, exactly docs/numerics.md §2.
+#include "kernels/quant.h"
+
 #include <algorithm>
 #include <cmath>
-
-#include "kernels/quant.h"
 
 namespace deepinfer::kernels::host {
 
@@ -52,7 +52,8 @@ void dequant_per_block(const DequantBlockParams& p) {
   const int64_t kb_count = num_blocks(p.k);
   for (int64_t n = 0; n < p.n; ++n)
     for (int64_t k = 0; k < p.k; ++k) {
-      const float v = e4m3_to_f32(p.q[n * p.k + k]) * p.scales[(n / kQuantBlock) * kb_count + k / kQuantBlock];
+      const float v =
+          e4m3_to_f32(p.q[n * p.k + k]) * p.scales[(n / kQuantBlock) * kb_count + k / kQuantBlock];
       if (p.out) p.out[n * p.k + k] = f32_to_bf16(v);
       if (p.out_f32) p.out_f32[n * p.k + k] = v;
     }

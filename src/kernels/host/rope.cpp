@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels::host {
 
 void rope(const RopeParams& p) {

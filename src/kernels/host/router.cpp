@@ -9,6 +9,8 @@
 #include <numeric>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels::host {
 
 void router(const RouterParams& p) {

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <vector>
 
+#include "core/check.h"
+
 namespace deepinfer::kernels::host {
 
 void sample(const SamplingParams& p) {

@@ -24,12 +24,21 @@ double FmaLoop(int64_t iters, float* sink) {
   auto a4 = hn::Set(d, 1.4f), a5 = hn::Set(d, 1.5f), a6 = hn::Set(d, 1.6f), a7 = hn::Set(d, 1.7f);
   auto a8 = hn::Set(d, 1.8f), a9 = hn::Set(d, 1.9f), a10 = hn::Set(d, 2.0f), a11 = hn::Set(d, 2.1f);
   for (int64_t i = 0; i < iters; ++i) {
-    a0 = hn::MulAdd(a0, m, c); a1 = hn::MulAdd(a1, m, c); a2 = hn::MulAdd(a2, m, c);
-    a3 = hn::MulAdd(a3, m, c); a4 = hn::MulAdd(a4, m, c); a5 = hn::MulAdd(a5, m, c);
-    a6 = hn::MulAdd(a6, m, c); a7 = hn::MulAdd(a7, m, c); a8 = hn::MulAdd(a8, m, c);
-    a9 = hn::MulAdd(a9, m, c); a10 = hn::MulAdd(a10, m, c); a11 = hn::MulAdd(a11, m, c);
+    a0 = hn::MulAdd(a0, m, c);
+    a1 = hn::MulAdd(a1, m, c);
+    a2 = hn::MulAdd(a2, m, c);
+    a3 = hn::MulAdd(a3, m, c);
+    a4 = hn::MulAdd(a4, m, c);
+    a5 = hn::MulAdd(a5, m, c);
+    a6 = hn::MulAdd(a6, m, c);
+    a7 = hn::MulAdd(a7, m, c);
+    a8 = hn::MulAdd(a8, m, c);
+    a9 = hn::MulAdd(a9, m, c);
+    a10 = hn::MulAdd(a10, m, c);
+    a11 = hn::MulAdd(a11, m, c);
   }
-  auto s = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  auto s =
+      hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
   s = hn::Add(s, hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
   *sink += hn::GetLane(hn::SumOfLanes(d, s));
   return double(iters) * 12.0 * double(hn::Lanes(d)) * 2.0;
@@ -39,9 +48,8 @@ double FmaLoop(int64_t iters, float* sink) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -55,13 +63,16 @@ HWY_EXPORT(FmaLoop);
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // `iters` rounds of 12 independent VDPBF16PS chains; returns the flops done (2 products and 2 adds
 // per bf16 pair: 64 per instruction), as FmaLoop does for fp32.
 __attribute__((target("avx512f,avx512bf16"))) double Bf16DotLoop(int64_t iters, float* sink) {
-  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80),
+                 b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
   __m512 acc[12];
   for (auto& v : acc) v = _mm512_setzero_ps();
   for (int64_t i = 0; i < iters; ++i) {
@@ -90,8 +101,10 @@ double peak_gflops(BenchContext& ctx, double (*loop)(int64_t, float*)) {
     auto body = [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) flops[size_t(t)] = loop(kIters, &sinks[size_t(t) * 16]);
     };
-    if (pool) pool->parallel_for(threads, 1, body);
-    else body(0, 1);
+    if (pool)
+      pool->parallel_for(threads, 1, body);
+    else
+      body(0, 1);
   };
   const double s = ctx.time(run, 3, 0.0);
   double total = 0;
@@ -128,12 +141,15 @@ double BenchContext::memcpy_gbps(size_t bytes) {
   auto copy = [&] {
     auto body = [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c) {
-        const size_t lo = bytes * size_t(c) / size_t(chunks), hi = bytes * size_t(c + 1) / size_t(chunks);
+        const size_t lo = bytes * size_t(c) / size_t(chunks),
+                     hi = bytes * size_t(c + 1) / size_t(chunks);
         std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
       }
     };
-    if (pool) pool->parallel_for(chunks, 1, body);
-    else body(0, chunks);
+    if (pool)
+      pool->parallel_for(chunks, 1, body);
+    else
+      body(0, chunks);
   };
   const double s = time(copy, 7, 0.3);
   const double gbps = double(bytes) / s / 1e9;
@@ -142,12 +158,16 @@ double BenchContext::memcpy_gbps(size_t bytes) {
 }
 
 double BenchContext::fma_peak_gflops() {
-  if (fma_cache <= 0) fma_cache = peak_gflops(*this, [](int64_t iters, float* sink) { return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, sink); });
+  if (fma_cache <= 0)
+    fma_cache = peak_gflops(*this, [](int64_t iters, float* sink) {
+      return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, sink);
+    });
   return fma_cache;
 }
 
 double BenchContext::bf16_dot_peak_gflops() {
-  if (bf16_dot_cache < 0) bf16_dot_cache = cpu::cpu_has_bf16_dot() ? peak_gflops(*this, &Bf16DotLoop) : 0.0;
+  if (bf16_dot_cache < 0)
+    bf16_dot_cache = cpu::cpu_has_bf16_dot() ? peak_gflops(*this, &Bf16DotLoop) : 0.0;
   return bf16_dot_cache;
 }
 

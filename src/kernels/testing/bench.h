@@ -1,7 +1,8 @@
 // `deepinfer bench kernels`: a registry of sub-benches, each printing JSON lines with the ratio to
 // a limit measured in the same run (docs/performance.md §1). Sub-benches register from any file
 // linked into the CLI (e.g. tools/cli/bench_kernels_attention.cpp):
-//   DEEPINFER_KERNEL_BENCH(mla_decode) {      // body receives `BenchContext& ctx`, returns failures
+//   DEEPINFER_KERNEL_BENCH(mla_decode) {      // body receives `BenchContext& ctx`, returns
+//   failures
 //     ... time with ctx.time(fn) ...; ctx.emit({...}); return 0;
 //   }
 #pragma once
@@ -18,16 +19,16 @@ namespace deepinfer::kernels::testing {
 
 // One JSON line.
 struct BenchRecord {
-  std::string bench;         // sub-bench, e.g. "gemm_fp8_decode"
-  std::string case_name;     // e.g. "m=1 n=2048 k=7168"
-  double seconds = 0;        // median of the timed runs
-  double bytes = 0;          // bytes the kernel must move (0 if compute-bound)
-  double flops = 0;          // floating-point operations (0 if memory-bound)
-  std::string limit;         // "memcpy_gbps", "fma_peak_gflops", "openblas_sgemm_s", ...
-  double limit_value = 0;    // the limit measured in this run
-  double ratio = 0;          // achieved / limit (for a time-based limit: limit seconds / seconds)
-  bool correct = true;       // the result was checked against the host reference in this run
-  double rel_err = 0;        // that check's ‖a−b‖/‖b‖
+  std::string bench;       // sub-bench, e.g. "gemm_fp8_decode"
+  std::string case_name;   // e.g. "m=1 n=2048 k=7168"
+  double seconds = 0;      // median of the timed runs
+  double bytes = 0;        // bytes the kernel must move (0 if compute-bound)
+  double flops = 0;        // floating-point operations (0 if memory-bound)
+  std::string limit;       // "memcpy_gbps", "fma_peak_gflops", "openblas_sgemm_s", ...
+  double limit_value = 0;  // the limit measured in this run
+  double ratio = 0;        // achieved / limit (for a time-based limit: limit seconds / seconds)
+  bool correct = true;     // the result was checked against the host reference in this run
+  double rel_err = 0;      // that check's ‖a−b‖/‖b‖
   std::map<std::string, double> extra = {};  // more numbers worth printing
 };
 
@@ -36,7 +37,8 @@ struct BenchContext {
   bool quick = false;
   ThreadPool* pool = nullptr;  // sized `threads`; installed as the kernel pool during the bench
 
-  // Median seconds of `fn` over `reps` runs after one warm-up (reps adapted to >= min_seconds total).
+  // Median seconds of `fn` over `reps` runs after one warm-up (reps adapted to >= min_seconds
+  // total).
   double time(const std::function<void()>& fn, int reps = 5, double min_seconds = 0.2);
   // memcpy bandwidth (bytes copied per second, GB/s) on buffers of `bytes`, split over the pool.
   double memcpy_gbps(size_t bytes);
@@ -57,10 +59,10 @@ using BenchFn = int (*)(BenchContext& ctx);  // returns the number of failed cor
 bool register_kernel_bench(const char* name, BenchFn fn);
 std::vector<std::pair<std::string, BenchFn>> kernel_benches();
 
-#define DEEPINFER_KERNEL_BENCH(fn)                                                       \
-  static int fn(::deepinfer::kernels::testing::BenchContext& ctx);                      \
-  static const bool DEEPINFER_KERNEL_BENCH_##fn =                                       \
-      ::deepinfer::kernels::testing::register_kernel_bench(#fn, &fn);                   \
+#define DEEPINFER_KERNEL_BENCH(fn)                                    \
+  static int fn(::deepinfer::kernels::testing::BenchContext& ctx);    \
+  static const bool DEEPINFER_KERNEL_BENCH_##fn =                     \
+      ::deepinfer::kernels::testing::register_kernel_bench(#fn, &fn); \
   static int fn(::deepinfer::kernels::testing::BenchContext& ctx)
 
 }  // namespace deepinfer::kernels::testing

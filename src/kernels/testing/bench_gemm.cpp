@@ -1,9 +1,10 @@
 // `deepinfer bench kernels` sub-benches for the fp8 casts and GEMMs. Each record carries the
 // ratio to a limit measured in the same run and a correctness check against host:
 //  - gemm_fp8_decode (M = 1..8, K = 7168, N = 2048 / 7168): weight GB/s vs memcpy GB/s on the
-//    same bytes, both streamed from DRAM as in a forward pass (goal >= 0.6), and roofline_ratio: the time the slower of that
-//    bandwidth and the compute peak (BF16 dot products for the decode layout, else fp32 FMA)
-//    allows over the time taken, and speedups over the row-layout and Highway kernels, all in this run.
+//    same bytes, both streamed from DRAM as in a forward pass (goal >= 0.6), and roofline_ratio:
+//    the time the slower of that bandwidth and the compute peak (BF16 dot products for the decode
+//    layout, else fp32 FMA) allows over the time taken, and speedups over the row-layout and
+//    Highway kernels, all in this run.
 //  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
 //    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
 //  - quant_per_token: bytes moved vs memcpy.
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/check.h"
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
@@ -21,8 +23,9 @@
 
 #ifdef DEEPINFER_HAVE_BLAS
 // Declared here rather than through <cblas.h>, whose Debian alternative may be netlib's.
-extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
-                            int lda, const float* b, int ldb, float beta, float* c, int ldc);
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                            const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                            int ldc);
 extern "C" __attribute__((weak)) void openblas_set_num_threads(int num_threads);
 #endif
 
@@ -36,7 +39,8 @@ struct Weights {
   std::vector<float> scales;
 };
 Weights random_weights(int64_t n, int64_t k, uint64_t seed) {
-  return {random_e4m3(n * k, seed), random_scales(num_blocks(n) * num_blocks(k), seed + 1, 1e-4f, 1e-3f)};
+  return {random_e4m3(n * k, seed),
+          random_scales(num_blocks(n) * num_blocks(k), seed + 1, 1e-4f, 1e-3f)};
 }
 
 // cpu output rows [0, m) × columns [0, n_check) against host on the same slice.
@@ -45,12 +49,19 @@ CaseResult check_against_host(const Fp8Rows& a, const Weights& w, int64_t m, int
   m_check = std::min(m_check, m);
   n_check = std::min(n_check, n);
   std::vector<bf16> ref(size_t(m_check * n_check));
-  host::gemm_fp8({.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
-                  .out = ref.data(), .m = m_check, .n = n_check, .k = k});
+  host::gemm_fp8({.a = a.q.data(),
+                  .a_scales = a.scales.data(),
+                  .w = w.q.data(),
+                  .w_scales = w.scales.data(),
+                  .out = ref.data(),
+                  .m = m_check,
+                  .n = n_check,
+                  .k = k});
   std::vector<bf16> got(size_t(m_check * n_check));
   for (int64_t r = 0; r < m_check; ++r)
     for (int64_t j = 0; j < n_check; ++j) got[size_t(r * n_check + j)] = cpu_out[size_t(r * n + j)];
-  return compare_buffers("out", DType::bf16, got.data(), ref.data(), m_check * n_check, {.rel_l2 = 1e-3});
+  return compare_buffers("out", DType::bf16, got.data(), ref.data(), m_check * n_check,
+                         {.rel_l2 = 1e-3});
 }
 
 }  // namespace
@@ -58,8 +69,10 @@ CaseResult check_against_host(const Fp8Rows& a, const Weights& w, int64_t m, int
 DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
   int failures = 0;
   const int64_t k = 7168;
-  const std::vector<int64_t> ns = ctx.quick ? std::vector<int64_t>{2048} : std::vector<int64_t>{2048, 7168};
-  const std::vector<int64_t> ms = ctx.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 4, 8};
+  const std::vector<int64_t> ns =
+      ctx.quick ? std::vector<int64_t>{2048} : std::vector<int64_t>{2048, 7168};
+  const std::vector<int64_t> ms =
+      ctx.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 4, 8};
   for (int64_t n : ns) {
     // In a forward pass a layer's weights come from DRAM, never from a cache the previous call
     // warmed: the timed calls rotate over enough copies to exceed 64 MiB (more than this class of
@@ -71,25 +84,34 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
     for (int64_t c = 0; c < copies; ++c) {
       ws.push_back(random_weights(n, k, uint64_t(n + 1000 * c)));
       w_decodes.emplace_back(decode_layout_bytes(n, k));
-      if (!w_decodes.back().empty()) pack_decode_layout(ws.back().q.data(), n, k, w_decodes.back().data());
+      if (!w_decodes.back().empty())
+        pack_decode_layout(ws.back().q.data(), n, k, w_decodes.back().data());
     }
     const Weights& w = ws[0];
     const bool decode_layout = !w_decodes[0].empty();
     const double wbytes = double(n * k) + double(w.scales.size() * 4);
-    const double limit = ctx.memcpy_gbps(size_t(copies * n * k)), limit_warm = ctx.memcpy_gbps(size_t(n * k));
+    const double limit = ctx.memcpy_gbps(size_t(copies * n * k)),
+                 limit_warm = ctx.memcpy_gbps(size_t(n * k));
     for (int64_t m : ms) {
       const Fp8Rows a = random_fp8_activations(m, k, uint64_t(m));
       std::vector<bf16> out(size_t(m * n));
       std::vector<GemmFp8Params> ps;
       for (int64_t c = 0; c < copies; ++c)
-        ps.push_back({.a = a.q.data(), .a_scales = a.scales.data(), .w = ws[size_t(c)].q.data(),
-                      .w_scales = ws[size_t(c)].scales.data(), .out = out.data(), .m = m, .n = n, .k = k,
+        ps.push_back({.a = a.q.data(),
+                      .a_scales = a.scales.data(),
+                      .w = ws[size_t(c)].q.data(),
+                      .w_scales = ws[size_t(c)].scales.data(),
+                      .out = out.data(),
+                      .m = m,
+                      .n = n,
+                      .k = k,
                       .w_decode = decode_layout ? w_decodes[size_t(c)].data() : nullptr});
       size_t next = 0;
       auto call = [&] { gemm_fp8(ps[next++ % ps.size()]); };
       ScopedBackend use(KernelBackend::cpu);
       // Peers in the same run: the Highway kernel and the VBMI row kernel; then the default path
-      // (the decode layout where the CPU has AVX512-BF16, as the runtime runs it), whose output is checked.
+      // (the decode layout where the CPU has AVX512-BF16, as the runtime runs it), whose output is
+      // checked.
       using cpu::DecodeGemm;
       for (DecodeGemm kind : {DecodeGemm::generic, DecodeGemm::rows, DecodeGemm::automatic}) {
         cpu::set_decode_gemm(kind);  // untimed warm-up of each (page mapping, caches, clocks)
@@ -107,14 +129,23 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       failures += c.pass ? 0 : 1;
       // At M = 4..8 on few cores the multiply-adds, not the weight stream, bound the time: the
       // roofline is the slower of memcpy on the weight bytes and the compute peak on 2·M·N·K, the
-      // peak of the instruction the kernel runs (BF16 dot products for the decode layout, else fp32 FMA).
+      // peak of the instruction the kernel runs (BF16 dot products for the decode layout, else fp32
+      // FMA).
       const double flops = 2.0 * double(m * n * k);
-      const double compute_peak = decode_layout ? ctx.bf16_dot_peak_gflops() : ctx.fma_peak_gflops();
+      const double compute_peak =
+          decode_layout ? ctx.bf16_dot_peak_gflops() : ctx.fma_peak_gflops();
       const double memory_s = wbytes / (limit * 1e9), compute_s = flops / (compute_peak * 1e9);
       const double roof_s = std::max(memory_s, compute_s);
-      BenchRecord r{.bench = "gemm_fp8_decode", .case_name = fmt::format("m={} n={} k={}", m, n, k), .seconds = s,
-                    .bytes = wbytes, .flops = flops, .limit = "memcpy_gbps", .limit_value = limit,
-                    .ratio = wbytes / s / 1e9 / limit, .correct = c.pass, .rel_err = c.max_rel_err,
+      BenchRecord r{.bench = "gemm_fp8_decode",
+                    .case_name = fmt::format("m={} n={} k={}", m, n, k),
+                    .seconds = s,
+                    .bytes = wbytes,
+                    .flops = flops,
+                    .limit = "memcpy_gbps",
+                    .limit_value = limit,
+                    .ratio = wbytes / s / 1e9 / limit,
+                    .correct = c.pass,
+                    .rel_err = c.max_rel_err,
                     .extra = {{"compute_peak_gflops", compute_peak},
                               {"compute_bound", compute_s > memory_s ? 1.0 : 0.0},
                               {"roofline_ratio", roof_s / s},
@@ -137,8 +168,14 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_prefill) {
   // As the runtime runs it: with the decode layout where the CPU has one (its weight panels).
   std::vector<uint8_t> w_decode(decode_layout_bytes(n, k));
   if (!w_decode.empty()) pack_decode_layout(w.q.data(), n, k, w_decode.data());
-  GemmFp8Params p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
-                  .out = out.data(), .m = m, .n = n, .k = k};
+  GemmFp8Params p{.a = a.q.data(),
+                  .a_scales = a.scales.data(),
+                  .w = w.q.data(),
+                  .w_scales = w.scales.data(),
+                  .out = out.data(),
+                  .m = m,
+                  .n = n,
+                  .k = k};
   ScopedBackend use(KernelBackend::cpu);
   const double s_rows = ctx.time([&] { gemm_fp8(p); }, 3, 0.5);
   p.w_decode = w_decode.empty() ? nullptr : w_decode.data();
@@ -147,26 +184,46 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_prefill) {
   const double flops = 2.0 * double(m) * double(n) * double(k);
   const double peak = ctx.fma_peak_gflops();
   const std::string shape = fmt::format("m={} n={} k={}", m, n, k);
-  ctx.emit({.bench = "gemm_fp8_prefill", .case_name = shape, .seconds = s, .flops = flops, .limit = "fma_peak_gflops",
-            .limit_value = peak, .ratio = flops / s / 1e9 / peak, .correct = c.pass, .rel_err = c.max_rel_err,
-            .extra = {{"decode_layout", w_decode.empty() ? 0.0 : 1.0}, {"speedup_vs_row_layout", s_rows / s}}});
+  ctx.emit({.bench = "gemm_fp8_prefill",
+            .case_name = shape,
+            .seconds = s,
+            .flops = flops,
+            .limit = "fma_peak_gflops",
+            .limit_value = peak,
+            .ratio = flops / s / 1e9 / peak,
+            .correct = c.pass,
+            .rel_err = c.max_rel_err,
+            .extra = {{"decode_layout", w_decode.empty() ? 0.0 : 1.0},
+                      {"speedup_vs_row_layout", s_rows / s}}});
 #ifdef DEEPINFER_HAVE_BLAS
   // OpenBLAS sgemm on the same shape with the weights dequantised to f32 (what a
   // dequantise-then-BLAS implementation would run). Its result is checked against ours too.
   std::vector<float> wf(size_t(n * k)), af(size_t(m * k)), cf(size_t(m * n));
-  dequant_per_block({.q = w.q.data(), .scales = w.scales.data(), .out_f32 = wf.data(), .n = n, .k = k});
-  dequant_per_token({.q = a.q.data(), .scales = a.scales.data(), .out_f32 = af.data(), .m = m, .k = k});
+  dequant_per_block(
+      {.q = w.q.data(), .scales = w.scales.data(), .out_f32 = wf.data(), .n = n, .k = k});
+  dequant_per_token(
+      {.q = a.q.data(), .scales = a.scales.data(), .out_f32 = af.data(), .m = m, .k = k});
   if (openblas_set_num_threads) openblas_set_num_threads(ctx.threads);
-  const double sb = ctx.time([&] {
-    cblas_sgemm(101 /*RowMajor*/, 111 /*NoTrans*/, 112 /*Trans*/, int(m), int(n), int(k), 1.0f, af.data(), int(k),
-                wf.data(), int(k), 0.0f, cf.data(), int(n));
-  }, 3, 0.5);
+  const double sb = ctx.time(
+      [&] {
+        cblas_sgemm(101 /*RowMajor*/, 111 /*NoTrans*/, 112 /*Trans*/, int(m), int(n), int(k), 1.0f,
+                    af.data(), int(k), wf.data(), int(k), 0.0f, cf.data(), int(n));
+      },
+      3, 0.5);
   std::vector<float> ours(size_t(m * n));
   for (size_t i = 0; i < ours.size(); ++i) ours[i] = bf16_to_f32(out[i]);
-  const CaseResult cb = compare_buffers("out", DType::f32, ours.data(), cf.data(), m * n, {.rel_l2 = 1e-2});
-  ctx.emit({.bench = "gemm_fp8_prefill", .case_name = shape + " vs_openblas", .seconds = s, .flops = flops,
-            .limit = "openblas_sgemm_s", .limit_value = sb, .ratio = sb / s, .correct = c.pass && cb.pass,
-            .rel_err = cb.max_rel_err, .extra = {{"openblas_gflops", flops / sb / 1e9}}});
+  const CaseResult cb =
+      compare_buffers("out", DType::f32, ours.data(), cf.data(), m * n, {.rel_l2 = 1e-2});
+  ctx.emit({.bench = "gemm_fp8_prefill",
+            .case_name = shape + " vs_openblas",
+            .seconds = s,
+            .flops = flops,
+            .limit = "openblas_sgemm_s",
+            .limit_value = sb,
+            .ratio = sb / s,
+            .correct = c.pass && cb.pass,
+            .rel_err = cb.max_rel_err,
+            .extra = {{"openblas_gflops", flops / sb / 1e9}}});
   return (c.pass ? 0 : 1) + (cb.pass ? 0 : 1);
 #else
   return c.pass ? 0 : 1;
@@ -183,13 +240,21 @@ DEEPINFER_KERNEL_BENCH(quant_per_token) {
   const double t = ctx.time([&] { quant_per_token(p); }, 9, 0.3);
   host::quant_per_token({.x = x.data(), .q = qh.data(), .scales = sh.data(), .m = m, .k = k});
   CaseResult c = compare_buffers("q", DType::e4m3, q.data(), qh.data(), m * k, {.rel_l2 = 0});
-  const CaseResult cs = compare_buffers("scales", DType::f32, s.data(), sh.data(), int64_t(s.size()), {.rel_l2 = 0});
+  const CaseResult cs =
+      compare_buffers("scales", DType::f32, s.data(), sh.data(), int64_t(s.size()), {.rel_l2 = 0});
   c.pass = c.pass && cs.pass;
   const double bytes = double(m * k) * 3.0;  // read bf16, write e4m3
   const double limit = ctx.memcpy_gbps(size_t(m * k) * 2);
-  ctx.emit({.bench = "quant_per_token", .case_name = fmt::format("m={} k={}", m, k), .seconds = t, .bytes = bytes,
-            .limit = "memcpy_gbps", .limit_value = limit, .ratio = bytes / t / 1e9 / limit, .correct = c.pass,
-            .rel_err = c.max_rel_err, .extra = {}});
+  ctx.emit({.bench = "quant_per_token",
+            .case_name = fmt::format("m={} k={}", m, k),
+            .seconds = t,
+            .bytes = bytes,
+            .limit = "memcpy_gbps",
+            .limit_value = limit,
+            .ratio = bytes / t / 1e9 / limit,
+            .correct = c.pass,
+            .rel_err = c.max_rel_err,
+            .extra = {}});
   return c.pass ? 0 : 1;
 }
 

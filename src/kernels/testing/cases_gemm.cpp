@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
 #include "kernels/testing/data.h"
@@ -24,9 +25,15 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
   const Fp8Rows w = random_fp8_weights(n, k, seed + 7, ue8m0);
   std::vector<bf16> out(buffer_size(m * n));
   std::vector<float> out_f32(buffer_size(m * n));
-  GemmFp8Params p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(), .w_scales = w.scales.data(),
-                  .out = f32_out ? nullptr : out.data(), .out_f32 = f32_out ? out_f32.data() : nullptr,
-                  .m = m, .n = n, .k = k};
+  GemmFp8Params p{.a = a.q.data(),
+                  .a_scales = a.scales.data(),
+                  .w = w.q.data(),
+                  .w_scales = w.scales.data(),
+                  .out = f32_out ? nullptr : out.data(),
+                  .out_f32 = f32_out ? out_f32.data() : nullptr,
+                  .m = m,
+                  .n = n,
+                  .k = k};
   const Tolerance tol = f32_out ? kF32Out : kBf16Out;
   // Every cpu path this CPU has: the row layout (decode shapes: AVX512-VBMI where present), the
   // decode layout (AVX512-BF16: decode shapes, and the prefill kernel's weight panels), and for
@@ -49,8 +56,8 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
 }
 
 // Rows sorted by expert; each expert's segment padded with -1 rows to `align`.
-CaseResult run_contiguous(int64_t experts, std::vector<int64_t> counts, int64_t align, int64_t n, int64_t k,
-                          uint64_t seed) {
+CaseResult run_contiguous(int64_t experts, std::vector<int64_t> counts, int64_t align, int64_t n,
+                          int64_t k, uint64_t seed) {
   std::vector<int32_t> m_indices;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t c = counts[size_t(e)], padded = (c + align - 1) / align * align;
@@ -60,20 +67,35 @@ CaseResult run_contiguous(int64_t experts, std::vector<int64_t> counts, int64_t 
   const Fp8Rows a = random_fp8_activations(m, k, seed);
   const Fp8Rows w = random_fp8_expert_weights(experts, n, k, seed + 3);
   std::vector<bf16> out(buffer_size(m * n));
-  GemmFp8GroupedContiguousParams p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(),
-                                   .w_scales = w.scales.data(), .m_indices = m_indices.data(), .out = out.data(),
-                                   .m = m, .n = n, .k = k, .num_experts = experts};
+  GemmFp8GroupedContiguousParams p{.a = a.q.data(),
+                                   .a_scales = a.scales.data(),
+                                   .w = w.q.data(),
+                                   .w_scales = w.scales.data(),
+                                   .m_indices = m_indices.data(),
+                                   .out = out.data(),
+                                   .m = m,
+                                   .n = n,
+                                   .k = k,
+                                   .num_experts = experts};
   return compare_backends(gemm_fp8_grouped_contiguous, p, kBf16Out);
 }
 
-CaseResult run_masked(std::vector<int32_t> masked_m, int64_t max_m, int64_t n, int64_t k, uint64_t seed) {
+CaseResult run_masked(std::vector<int32_t> masked_m, int64_t max_m, int64_t n, int64_t k,
+                      uint64_t seed) {
   const int64_t experts = int64_t(masked_m.size());
   const Fp8Rows a = random_fp8_activations(experts * max_m, k, seed);
   const Fp8Rows w = random_fp8_expert_weights(experts, n, k, seed + 5);
   std::vector<bf16> out(buffer_size(experts * max_m * n));
-  GemmFp8GroupedMaskedParams p{.a = a.q.data(), .a_scales = a.scales.data(), .w = w.q.data(),
-                               .w_scales = w.scales.data(), .masked_m = masked_m.data(), .out = out.data(),
-                               .num_experts = experts, .max_m = max_m, .n = n, .k = k};
+  GemmFp8GroupedMaskedParams p{.a = a.q.data(),
+                               .a_scales = a.scales.data(),
+                               .w = w.q.data(),
+                               .w_scales = w.scales.data(),
+                               .masked_m = masked_m.data(),
+                               .out = out.data(),
+                               .num_experts = experts,
+                               .max_m = max_m,
+                               .n = n,
+                               .k = k};
   return compare_backends(gemm_fp8_grouped_masked, p, kBf16Out);
 }
 
@@ -82,8 +104,13 @@ CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed
   const std::vector<bf16> w = random_bf16(n * k, seed + 1, -0.1f, 0.1f);
   std::vector<bf16> out(buffer_size(m * n));
   std::vector<float> out_f32(buffer_size(m * n));
-  GemmBf16Params p{.a = a.data(), .w = w.data(), .out = f32_out ? nullptr : out.data(),
-                   .out_f32 = f32_out ? out_f32.data() : nullptr, .m = m, .n = n, .k = k};
+  GemmBf16Params p{.a = a.data(),
+                   .w = w.data(),
+                   .out = f32_out ? nullptr : out.data(),
+                   .out_f32 = f32_out ? out_f32.data() : nullptr,
+                   .m = m,
+                   .n = n,
+                   .k = k};
   return compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
 }
 
@@ -95,51 +122,80 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
     bool f32, ue8m0, quick;
   };
   const Dense dense[] = {
-      {1, 128, 128, false, false, true},    {1, 2048, 7168, false, false, true},
-      {2, 7168, 256, false, false, true},   {4, 256, 7168, false, false, true},
-      {8, 384, 1024, false, false, true},   {3, 200, 300, false, false, true},   // edges in N and K
-      {6, 200, 256, false, false, true},    {7, 17, 384, true, false, true},     // partial decode panels
-      {17, 129, 129, false, false, true},   {1, 1, 1, false, false, true},
-      {5, 256, 512, false, true, true},     {4, 300, 256, true, false, true},    // ue8m0; f32 logits
-      {0, 128, 256, false, false, true},    {33, 77, 640, false, false, true},
-      {64, 512, 7168, false, false, false}, {512, 256, 2048, false, false, false},
-      {128, 2048, 7168, false, false, false}, {1, 7168, 2048, false, false, false},
+      {1, 128, 128, false, false, true},
+      {1, 2048, 7168, false, false, true},
+      {2, 7168, 256, false, false, true},
+      {4, 256, 7168, false, false, true},
+      {8, 384, 1024, false, false, true},
+      {3, 200, 300, false, false, true},  // edges in N and K
+      {6, 200, 256, false, false, true},
+      {7, 17, 384, true, false, true},  // partial decode panels
+      {17, 129, 129, false, false, true},
+      {1, 1, 1, false, false, true},
+      {5, 256, 512, false, true, true},
+      {4, 300, 256, true, false, true},  // ue8m0; f32 logits
+      {0, 128, 256, false, false, true},
+      {33, 77, 640, false, false, true},
+      {64, 512, 7168, false, false, false},
+      {512, 256, 2048, false, false, false},
+      {128, 2048, 7168, false, false, false},
+      {1, 7168, 2048, false, false, false},
       {300, 1000, 1000, true, false, false},
   };
   for (const auto& d : dense)
-    cases.push_back({"gemm_fp8", fmt::format("m={} n={} k={}{}{}", d.m, d.n, d.k, d.f32 ? " f32" : "", d.ue8m0 ? " ue8m0" : ""),
-                     d.quick, [d] { return run_dense(d.m, d.n, d.k, d.f32, d.ue8m0, uint64_t(d.m * 131 + d.n * 7 + d.k)); }});
+    cases.push_back({"gemm_fp8",
+                     fmt::format("m={} n={} k={}{}{}", d.m, d.n, d.k, d.f32 ? " f32" : "",
+                                 d.ue8m0 ? " ue8m0" : ""),
+                     d.quick, [d] {
+                       return run_dense(d.m, d.n, d.k, d.f32, d.ue8m0,
+                                        uint64_t(d.m * 131 + d.n * 7 + d.k));
+                     }});
 
-  cases.push_back({"gemm_fp8_grouped_contiguous", "experts=4 counts=3,0,5,2 align=4 n=256 k=384", true,
-                   [] { return run_contiguous(4, {3, 0, 5, 2}, 4, 256, 384, 11); }});
-  cases.push_back({"gemm_fp8_grouped_contiguous", "experts=3 counts=1,1,1 align=1 n=130 k=200", true,
-                   [] { return run_contiguous(3, {1, 1, 1}, 1, 130, 200, 12); }});
-  cases.push_back({"gemm_fp8_grouped_contiguous", "experts=2 counts=0,0 (no rows)", true,
-                   [] { return run_contiguous(2, {0, 0}, 4, 128, 128, 13); }});
-  cases.push_back({"gemm_fp8_grouped_contiguous", "experts=3 counts=0,7,0 align=8 n=128 k=7168", true,
-                   [] { return run_contiguous(3, {0, 7, 0}, 8, 128, 7168, 14); }});
-  cases.push_back({"gemm_fp8_grouped_contiguous", "experts=8 counts=40..0 align=32 n=512 k=2048", false,
-                   [] { return run_contiguous(8, {40, 0, 33, 1, 64, 5, 0, 17}, 32, 512, 2048, 15); }});
+  cases.push_back(
+      {"gemm_fp8_grouped_contiguous", "experts=4 counts=3,0,5,2 align=4 n=256 k=384", true, [] {
+         return run_contiguous(4, {3, 0, 5, 2}, 4, 256, 384, 11);
+       }});
+  cases.push_back(
+      {"gemm_fp8_grouped_contiguous", "experts=3 counts=1,1,1 align=1 n=130 k=200", true, [] {
+         return run_contiguous(3, {1, 1, 1}, 1, 130, 200, 12);
+       }});
+  cases.push_back({"gemm_fp8_grouped_contiguous", "experts=2 counts=0,0 (no rows)", true, [] {
+                     return run_contiguous(2, {0, 0}, 4, 128, 128, 13);
+                   }});
+  cases.push_back(
+      {"gemm_fp8_grouped_contiguous", "experts=3 counts=0,7,0 align=8 n=128 k=7168", true, [] {
+         return run_contiguous(3, {0, 7, 0}, 8, 128, 7168, 14);
+       }});
+  cases.push_back(
+      {"gemm_fp8_grouped_contiguous", "experts=8 counts=40..0 align=32 n=512 k=2048", false, [] {
+         return run_contiguous(8, {40, 0, 33, 1, 64, 5, 0, 17}, 32, 512, 2048, 15);
+       }});
 
-  cases.push_back({"gemm_fp8_grouped_masked", "masked=0,6,2 max_m=6 n=200 k=300", true,
-                   [] { return run_masked({0, 6, 2}, 6, 200, 300, 21); }});
-  cases.push_back({"gemm_fp8_grouped_masked", "masked=1,0,3,8 max_m=8 n=256 k=1024", true,
-                   [] { return run_masked({1, 0, 3, 8}, 8, 256, 1024, 22); }});
-  cases.push_back({"gemm_fp8_grouped_masked", "masked=0,0 max_m=4 (all masked)", true,
-                   [] { return run_masked({0, 0}, 4, 128, 128, 23); }});
-  cases.push_back({"gemm_fp8_grouped_masked", "masked=16,3,0,9 max_m=16 n=2048 k=7168", false,
-                   [] { return run_masked({16, 3, 0, 9}, 16, 2048, 7168, 24); }});
+  cases.push_back({"gemm_fp8_grouped_masked", "masked=0,6,2 max_m=6 n=200 k=300", true, [] {
+                     return run_masked({0, 6, 2}, 6, 200, 300, 21);
+                   }});
+  cases.push_back({"gemm_fp8_grouped_masked", "masked=1,0,3,8 max_m=8 n=256 k=1024", true, [] {
+                     return run_masked({1, 0, 3, 8}, 8, 256, 1024, 22);
+                   }});
+  cases.push_back({"gemm_fp8_grouped_masked", "masked=0,0 max_m=4 (all masked)", true, [] {
+                     return run_masked({0, 0}, 4, 128, 128, 23);
+                   }});
+  cases.push_back({"gemm_fp8_grouped_masked", "masked=16,3,0,9 max_m=16 n=2048 k=7168", false, [] {
+                     return run_masked({16, 3, 0, 9}, 16, 2048, 7168, 24);
+                   }});
 
   struct Bf16 {
     int64_t m, n, k;
     bool f32, quick;
   };
-  const Bf16 bf[] = {{1, 129, 7168, false, true}, {3, 257, 200, false, true}, {2, 1000, 512, true, true},
-                     {33, 64, 64, false, true},   {1, 1, 1, true, true},      {0, 16, 16, false, true},
+  const Bf16 bf[] = {{1, 129, 7168, false, true},  {3, 257, 200, false, true},
+                     {2, 1000, 512, true, true},   {33, 64, 64, false, true},
+                     {1, 1, 1, true, true},        {0, 16, 16, false, true},
                      {8, 4096, 1024, true, false}, {256, 512, 1536, false, false}};
   for (const auto& d : bf)
-    cases.push_back({"gemm_bf16", fmt::format("m={} n={} k={}{}", d.m, d.n, d.k, d.f32 ? " f32" : ""), d.quick,
-                     [d] { return run_bf16(d.m, d.n, d.k, d.f32, uint64_t(d.m * 17 + d.n + d.k)); }});
+    cases.push_back(
+        {"gemm_bf16", fmt::format("m={} n={} k={}{}", d.m, d.n, d.k, d.f32 ? " f32" : ""), d.quick,
+         [d] { return run_bf16(d.m, d.n, d.k, d.f32, uint64_t(d.m * 17 + d.n + d.k)); }});
 }
 
 }  // namespace deepinfer::kernels::testing

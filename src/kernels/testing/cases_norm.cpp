@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"

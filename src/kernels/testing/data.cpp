@@ -57,7 +57,8 @@ Fp8Rows random_fp8_activations(int64_t m, int64_t k, uint64_t seed, bool ue8m0) 
   r.rows = m, r.k = k;
   r.q.resize(size_t(m * k));
   r.scales.resize(size_t(m * num_blocks(k)));
-  host::quant_per_token({.x = x.data(), .q = r.q.data(), .scales = r.scales.data(), .m = m, .k = k, .ue8m0 = ue8m0});
+  host::quant_per_token(
+      {.x = x.data(), .q = r.q.data(), .scales = r.scales.data(), .m = m, .k = k, .ue8m0 = ue8m0});
   return r;
 }
 
@@ -71,7 +72,8 @@ Fp8Rows random_fp8_weights(int64_t n, int64_t k, uint64_t seed, bool ue8m0) {
   r.rows = n, r.k = k;
   r.q.resize(size_t(n * k));
   r.scales.resize(size_t(num_blocks(n) * num_blocks(k)));
-  host::quant_per_block({.w = w.data(), .q = r.q.data(), .scales = r.scales.data(), .n = n, .k = k, .ue8m0 = ue8m0});
+  host::quant_per_block(
+      {.w = w.data(), .q = r.q.data(), .scales = r.scales.data(), .n = n, .k = k, .ue8m0 = ue8m0});
   return r;
 }
 

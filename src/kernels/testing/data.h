@@ -24,8 +24,9 @@ std::vector<float> to_f32(const std::vector<bf16>& v);
 
 // fp8 rows with their scales, made the realistic way: random values quantised by the host casts.
 struct Fp8Rows {
-  std::vector<fp8_e4m3> q;   // [rows, k]
-  std::vector<float> scales;  // activations: [rows, num_blocks(k)]; weights: [num_blocks(rows), num_blocks(k)]
+  std::vector<fp8_e4m3> q;  // [rows, k]
+  std::vector<float>
+      scales;  // activations: [rows, num_blocks(k)]; weights: [num_blocks(rows), num_blocks(k)]
   int64_t rows = 0, k = 0;
 };
 // bf16 activations U[-2, 2) (every 7th 128-block of row 1 zero, to hit the amax floor), cast 1×128.

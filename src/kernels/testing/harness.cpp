@@ -1,12 +1,12 @@
 #include "kernels/testing/harness.h"
 
-#include "core/element.h"
-
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <set>
 
+#include "core/check.h"
+#include "core/element.h"
 #include "kernels/testing/data.h"
 
 namespace deepinfer::kernels::testing {
@@ -23,7 +23,8 @@ std::vector<CaseSource>& case_sources() {
 
 bool same_bits(DType t, const void* a, const void* b, int64_t i) {
   const size_t w = dtype_size(t);
-  return std::memcmp(static_cast<const char*>(a) + size_t(i) * w, static_cast<const char*>(b) + size_t(i) * w, w) == 0;
+  return std::memcmp(static_cast<const char*>(a) + size_t(i) * w,
+                     static_cast<const char*>(b) + size_t(i) * w, w) == 0;
 }
 }  // namespace
 
@@ -46,8 +47,8 @@ void poison(DType dtype, void* data, int64_t numel) {
   }
 }
 
-CaseResult compare_buffers(const char* name, DType dtype, const void* a, const void* b, int64_t numel,
-                           const Tolerance& tol) {
+CaseResult compare_buffers(const char* name, DType dtype, const void* a, const void* b,
+                           int64_t numel, const Tolerance& tol) {
   CaseResult r;
   if (!dtype_is_float(dtype)) {
     int64_t bad = 0, first = -1;
@@ -60,9 +61,10 @@ CaseResult compare_buffers(const char* name, DType dtype, const void* a, const v
     r.max_rel_err = frac;
     if (bad > 0 && frac > tol.int_mismatch_frac) {
       r.pass = false;
-      r.detail = fmt::format("{}: {} of {} elements differ (allowed fraction {}), first at [{}]: {} vs host {}",
-                             name, bad, numel, tol.int_mismatch_frac, first, load_as_double(dtype, a, first),
-                             load_as_double(dtype, b, first));
+      r.detail = fmt::format(
+          "{}: {} of {} elements differ (allowed fraction {}), first at [{}]: {} vs host {}", name,
+          bad, numel, tol.int_mismatch_frac, first, load_as_double(dtype, a, first),
+          load_as_double(dtype, b, first));
     }
     return r;
   }
@@ -71,7 +73,8 @@ CaseResult compare_buffers(const char* name, DType dtype, const void* a, const v
     const double x = load_as_double(dtype, a, i), y = load_as_double(dtype, b, i);
     if (std::isnan(x) || std::isnan(y)) {
       r.pass = false;
-      r.detail = fmt::format("{}: NaN at [{}] ({} vs host {}): unwritten (poisoned) or invalid", name, i, x, y);
+      r.detail = fmt::format("{}: NaN at [{}] ({} vs host {}): unwritten (poisoned) or invalid",
+                             name, i, x, y);
       return r;
     }
     if (std::isinf(x) || std::isinf(y)) {
@@ -102,8 +105,9 @@ CaseResult compare_buffers(const char* name, DType dtype, const void* a, const v
       if (d > wd) wd = d, worst = i;
     }
     r.pass = false;
-    r.detail = fmt::format("{}: ‖a−b‖/‖b‖ = {:.3e} > tolerance {:.1e}; worst [{}]: {} vs host {}", name,
-                           r.max_rel_err, tol.rel_l2, worst, load_as_double(dtype, a, worst), load_as_double(dtype, b, worst));
+    r.detail = fmt::format("{}: ‖a−b‖/‖b‖ = {:.3e} > tolerance {:.1e}; worst [{}]: {} vs host {}",
+                           name, r.max_rel_err, tol.rel_l2, worst, load_as_double(dtype, a, worst),
+                           load_as_double(dtype, b, worst));
   }
   return r;
 }
@@ -111,19 +115,22 @@ CaseResult compare_buffers(const char* name, DType dtype, const void* a, const v
 namespace detail {
 
 CaseResult compare_backends_impl(const std::vector<BufferSlot>& slots,
-                                 const std::function<void(KernelBackend)>& run, const Tolerance& tol) {
+                                 const std::function<void(KernelBackend)>& run,
+                                 const Tolerance& tol) {
   // Keep in-place buffers' inputs so both backends start from the same values.
   std::vector<std::vector<char>> saved(slots.size()), host_out(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     const auto& s = slots[i];
     const size_t bytes = size_t(s.numel) * dtype_size(s.dtype);
-    if (s.role == BufferRole::inout) saved[i].assign(static_cast<char*>(s.ptr), static_cast<char*>(s.ptr) + bytes);
+    if (s.role == BufferRole::inout)
+      saved[i].assign(static_cast<char*>(s.ptr), static_cast<char*>(s.ptr) + bytes);
   }
   auto prepare = [&] {
     for (size_t i = 0; i < slots.size(); ++i) {
       const auto& s = slots[i];
       if (s.role == BufferRole::out) poison(s.dtype, s.ptr, s.numel);
-      if (s.role == BufferRole::inout && !saved[i].empty()) std::memcpy(s.ptr, saved[i].data(), saved[i].size());
+      if (s.role == BufferRole::inout && !saved[i].empty())
+        std::memcpy(s.ptr, saved[i].data(), saved[i].size());
     }
   };
   prepare();
@@ -131,7 +138,8 @@ CaseResult compare_backends_impl(const std::vector<BufferSlot>& slots,
   for (size_t i = 0; i < slots.size(); ++i) {
     const auto& s = slots[i];
     if (s.role == BufferRole::in) continue;
-    host_out[i].assign(static_cast<char*>(s.ptr), static_cast<char*>(s.ptr) + size_t(s.numel) * dtype_size(s.dtype));
+    host_out[i].assign(static_cast<char*>(s.ptr),
+                       static_cast<char*>(s.ptr) + size_t(s.numel) * dtype_size(s.dtype));
   }
   prepare();
   run(KernelBackend::cpu);
@@ -188,7 +196,8 @@ HarnessSummary run_harness(const HarnessOptions& opt) {
     }
     if (r.pass) {
       ++sum.passed;
-      if (opt.verbose) fmt::print(opt.out, "PASS {} [{}] rel_err {:.2e}\n", c.op, c.name, r.max_rel_err);
+      if (opt.verbose)
+        fmt::print(opt.out, "PASS {} [{}] rel_err {:.2e}\n", c.op, c.name, r.max_rel_err);
     } else {
       ++sum.failed;
       fmt::print(opt.out, "FAIL {} [{}]: {}\n", c.op, c.name, r.detail);

@@ -5,7 +5,8 @@
 // ctest `kernels.harness` both run it.
 //
 // Registering cases (any .cpp listed in the kernels library, e.g. src/kernels/testing/cases_*.cpp):
-//   DEEPINFER_KERNEL_CASES(rms_norm_cases) {           // body receives `std::vector<OpCase>& cases`
+//   DEEPINFER_KERNEL_CASES(rms_norm_cases) {           // body receives `std::vector<OpCase>&
+//   cases`
 //     for (int64_t dim : {1, 7, 7168})
 //       cases.push_back({"rms_norm", fmt::format("dim={}", dim), dim < 1000, [=] {
 //         RmsNormInputs in(dim);                         // owns the buffers
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels::testing {
@@ -39,14 +41,14 @@ struct OpCase {
 };
 
 struct Tolerance {
-  double rel_l2 = 1e-5;           // per float output: ‖a−b‖₂ / ‖b‖₂ (b = host)
-  double int_mismatch_frac = 0;   // per integer output: allowed fraction of differing elements
+  double rel_l2 = 1e-5;          // per float output: ‖a−b‖₂ / ‖b‖₂ (b = host)
+  double int_mismatch_frac = 0;  // per integer output: allowed fraction of differing elements
 };
 
 // Compares two flat buffers of `dtype`. b is the reference. Matching infinities are equal and left
 // out of the norms; NaN anywhere fails; ‖b‖ = 0 requires a == b.
-CaseResult compare_buffers(const char* name, DType dtype, const void* a, const void* b, int64_t numel,
-                           const Tolerance& tol);
+CaseResult compare_buffers(const char* name, DType dtype, const void* a, const void* b,
+                           int64_t numel, const Tolerance& tol);
 
 // Element count for a case's buffer: at least 1, so an empty tensor still has a non-null pointer
 // (OpSpec skips null pointers; the harness wants every output listed even when it has 0 elements).
@@ -57,7 +59,8 @@ void poison(DType dtype, void* data, int64_t numel);
 
 namespace detail {
 CaseResult compare_backends_impl(const std::vector<BufferSlot>& slots,
-                                 const std::function<void(KernelBackend)>& run, const Tolerance& tol);
+                                 const std::function<void(KernelBackend)>& run,
+                                 const Tolerance& tol);
 }
 
 // Runs `op(p)` on host, then on cpu (outputs poisoned before each run, in-place buffers restored),
@@ -77,10 +80,10 @@ CaseResult compare_backends(void (*op)(const P&), const P& p, const Tolerance& t
 bool register_op_cases(const char* source, void (*fn)(std::vector<OpCase>&));
 std::vector<OpCase> all_op_cases();
 
-#define DEEPINFER_KERNEL_CASES(fn)                                                          \
-  static void fn(std::vector<::deepinfer::kernels::testing::OpCase>& cases);               \
-  static const bool DEEPINFER_KERNEL_CASES_##fn =                                          \
-      ::deepinfer::kernels::testing::register_op_cases(#fn, &fn);                          \
+#define DEEPINFER_KERNEL_CASES(fn)                                           \
+  static void fn(std::vector<::deepinfer::kernels::testing::OpCase>& cases); \
+  static const bool DEEPINFER_KERNEL_CASES_##fn =                            \
+      ::deepinfer::kernels::testing::register_op_cases(#fn, &fn);            \
   static void fn(std::vector<::deepinfer::kernels::testing::OpCase>& cases)
 
 struct HarnessOptions {
