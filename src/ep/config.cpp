@@ -1,4 +1,5 @@
-// EPConfig validation, its knobs, the enums' words and the `auto` algorithm rule.
+// EPConfig validation and its agreement across ranks, its knobs, the enums' words and the `auto`
+// algorithm rule.
 #include <deepinfer/ep.h>
 #include <fmt/format.h>
 
@@ -6,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/env.h"
+#include "ep/validate.h"
 
 namespace deepinfer {
 namespace {
@@ -97,6 +99,41 @@ std::string EPConfig::describe() const {
 EpAlgo resolve_ep_algo(EpAlgo requested, const Capabilities& caps) {
   if (requested != EpAlgo::automatic) return requested;
   return caps.all_to_all_v ? EpAlgo::a2a : EpAlgo::ag;
+}
+
+void ep::agree_on_config(Group& group, const EPConfig& config, EpAlgo algo,
+                         const std::string& local_error) {
+  const int rank = group.rank(), world = group.size();
+  const std::array<std::pair<const char*, int64_t>, 12> fields{{
+      {"(a rank's config is invalid)", local_error.empty() ? 0 : 1},
+      {"num_experts", config.num_experts},
+      {"hidden", config.hidden},
+      {"num_topk", config.num_topk},
+      {"num_max_tokens_per_rank", config.num_max_tokens_per_rank},
+      {"dispatch_dtype", int64_t(config.dispatch_dtype)},
+      {"expert_alignment", config.expert_alignment},
+      {"expand", config.expand},
+      {"algo (resolved)", int64_t(algo)},
+      {"combine", int64_t(config.combine)},
+      {"ag_rows/reduce", int64_t(config.ag_rows) * 2 + int64_t(config.reduce)},
+      {"peer_memory", int64_t(config.peer_memory)},
+  }};
+  std::array<int64_t, 2 * fields.size()> v{};
+  for (size_t i = 0; i < fields.size(); ++i) {
+    v[2 * i] = fields[i].second;
+    v[2 * i + 1] = -fields[i].second;
+  }
+  group.all_reduce(v.data(), v.size(), DType::i64, ReduceOp::max);
+  if (!local_error.empty()) DI_FAIL("EPBuffer on rank {}/{}: {}", rank, world, local_error);
+  if (v[0] != 0)
+    DI_FAIL("EPBuffer on rank {}/{}: another rank's EPConfig is invalid (see its error)", rank,
+            world);
+  for (size_t i = 1; i < fields.size(); ++i)
+    if (v[2 * i] != -v[2 * i + 1])
+      DI_FAIL(
+          "EPBuffer on rank {}/{}: EPConfig.{} differs across ranks (min {}, max {}); every rank "
+          "must construct the EPBuffer with the same value",
+          rank, world, fields[i].first, -v[2 * i + 1], v[2 * i]);
 }
 
 }  // namespace deepinfer

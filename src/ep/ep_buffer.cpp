@@ -349,7 +349,6 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config)
   } catch (const Error& e) {
     err = e.what();
   }
-  const int64_t bad = err.empty() ? 0 : 1;
   if (err.empty()) {
     s.local_experts = config.num_experts / s.world;
     s.owner.resize(size_t(config.num_experts));
@@ -358,37 +357,7 @@ EPBuffer::EPBuffer(Group& group, const EPConfig& config)
     s.algo = resolve_ep_algo(config.algo, group.capabilities());
     s.sizes = ep::ep_size_hint(config, s.world);
   }
-  // One MAX all_reduce of (v, -v) pairs: every rank learns min and max of each field.
-  const std::array<std::pair<const char*, int64_t>, 12> fields{{
-      {"(a rank's config is invalid)", bad},
-      {"num_experts", config.num_experts},
-      {"hidden", config.hidden},
-      {"num_topk", config.num_topk},
-      {"num_max_tokens_per_rank", config.num_max_tokens_per_rank},
-      {"dispatch_dtype", int64_t(config.dispatch_dtype)},
-      {"expert_alignment", config.expert_alignment},
-      {"expand", config.expand},
-      {"algo (resolved)", int64_t(s.algo)},
-      {"combine", int64_t(config.combine)},
-      {"ag_rows/reduce", int64_t(config.ag_rows) * 2 + int64_t(config.reduce)},
-      {"peer_memory", int64_t(config.peer_memory)},
-  }};
-  std::array<int64_t, 2 * fields.size()> v{};
-  for (size_t i = 0; i < fields.size(); ++i) {
-    v[2 * i] = fields[i].second;
-    v[2 * i + 1] = -fields[i].second;
-  }
-  group.all_reduce(v.data(), v.size(), DType::i64, ReduceOp::max);
-  if (!err.empty()) DI_FAIL("EPBuffer on rank {}/{}: {}", s.rank, s.world, err);
-  if (v[0] != 0)
-    DI_FAIL("EPBuffer on rank {}/{}: another rank's EPConfig is invalid (see its error)", s.rank,
-            s.world);
-  for (size_t i = 1; i < fields.size(); ++i)
-    if (v[2 * i] != -v[2 * i + 1])
-      DI_FAIL(
-          "EPBuffer on rank {}/{}: EPConfig.{} differs across ranks (min {}, max {}); every rank "
-          "must construct the EPBuffer with the same value",
-          s.rank, s.world, fields[i].first, -v[2 * i + 1], v[2 * i]);
+  ep::agree_on_config(group, config, s.algo, err);
   if (s.rank == 0)
     log_debug("ep: EPBuffer W={} {} -> algorithm {} on {}", s.world, config.describe(),
               to_string(s.algo), group.backend());
