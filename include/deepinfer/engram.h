@@ -1,8 +1,8 @@
 // engram: EngramBuffer, row fetch from a table sharded across the ranks of any Group
 // (docs/ep.md §12). Mirrors DeepEP's Engram fetch: every rank holds n rows of width H; global row
-// g lives on rank g / n at row g % n; fetch(indices [T, J]) returns data [T, J·H] (and fp8 scale
-// factors [T, J·P]); index -1 gives a zero row. Three lowerings (all_gather, all_to_all_v, direct
-// reads of the owner's shard) give the same bytes.
+// g lives on rank g / n at row g % n; fetch(indices [T, J] or [L, T, J]) returns data [T, J·H] (and
+// fp8 scale factors [T, J·P]); index -1 gives a zero row. Three lowerings (all_gather,
+// all_to_all_v, direct reads of the owner's shard) give the same bytes.
 #pragma once
 
 #include <deepinfer/comm.h>
@@ -30,8 +30,8 @@ struct EngramConfig {
 };
 
 struct EngramResult {
-  Tensor data;  // [T, J·H] bf16 or e4m3: token t's J rows side by side
-  Tensor sf;    // [T, J·P] f32 (fp8 only)
+  Tensor data;  // [T, J·H] ([L, T, J·H]) bf16 or e4m3: token t's J rows side by side
+  Tensor sf;    // [T, J·P] ([L, T, J·P]) f32 (fp8 only)
 };
 
 // A started fetch. The fetch is eager: start_fetch runs the whole exchange, so wait() returns at
@@ -63,7 +63,8 @@ class EngramBuffer {
   // Error on every rank.
   void write(const Tensor& storage, const Tensor& sf = {});
 
-  // Collective. indices [T, J] i32 (T may differ per rank and be 0), each in [-1, W·n). An index
+  // Collective. indices [T, J] i32 (T may differ per rank and be 0), each in [-1, W·n), or
+  // [L, T, J] for L layers in one exchange (their rows are ranges of the one table). An index
   // out of range on any rank is an Error on every rank, agreed before any row moves. Returns
   // fresh tensors (they do not alias the buffer).
   EngramFetch start_fetch(const Tensor& indices);

@@ -50,6 +50,7 @@ std::vector<int32_t> make_indices(const Pattern& p, int rank, int world, int64_t
   const std::string name = p.name;
   t = name == "zero-tokens" && rank % 2 == 1 ? 0 : 3 + (rank * 5) % 7;
   if (name == "j32") t = 2 + rank % 3;
+  if (name == "layers") t *= 3;  // [3, T, J]: T·3 rows
   std::vector<int32_t> idx(size_t(t) * size_t(p.j));
   for (size_t i = 0; i < idx.size(); ++i) {
     const uint64_t r = mix(seed * 1000003 + uint64_t(rank) * 7919 + i);
@@ -82,7 +83,8 @@ struct Runner {
     const size_t db = tab.data_bytes();
     std::vector<std::byte> want(db);
     std::vector<float> want_sf(size_t(tab.scale_cols));
-    if (got.data.dim(0) != t || got.data.dim(1) != int64_t(j) * tab.hidden) {
+    const int64_t rows = got.data.ndim() == 3 ? got.data.dim(0) * got.data.dim(1) : got.data.dim(0);
+    if (rows != t || got.data.dim(-1) != int64_t(j) * tab.hidden) {
       log_error("check engram [{}] rank {}: data {}", name, g.rank(), got.data.describe());
       return false;
     }
@@ -129,16 +131,23 @@ struct Runner {
     const std::string base =
         fmt::format("algo={} path={} dtype={} n={}", to_string(algo), to_string(buf.path()),
                     dt == EngramDType::fp8 ? "fp8" : "bf16", n);
-    static constexpr Pattern patterns[] = {
-        {"uniform", 5}, {"duplicates", 6}, {"one-owner", 7}, {"zero-tokens", 3}, {"j32", 32}};
+    static constexpr Pattern patterns[] = {{"uniform", 5},     {"duplicates", 6}, {"one-owner", 7},
+                                           {"zero-tokens", 3}, {"j32", 32},       {"layers", 4}};
     for (const Pattern& p : patterns) {
       int64_t t = 0;
       const std::vector<int32_t> idx = make_indices(p, g.rank(), g.size(), n, o.seed, t);
-      const Tensor it = Tensor::borrow(const_cast<int32_t*>(idx.data()), DType::i32, {t, p.j});
+      const bool layers = std::string(p.name) == "layers";
+      const Tensor it = Tensor::borrow(
+          const_cast<int32_t*>(idx.data()), DType::i32,
+          layers ? std::vector<int64_t>{3, t / 3, p.j} : std::vector<int64_t>{t, p.j});
       const std::string name = base + " pattern=" + p.name;
       bool ok = false;
       try {
-        ok = check_fetch(tab, idx, t, p.j, buf.fetch(it), name);
+        const EngramResult r = buf.fetch(it);
+        ok = check_fetch(tab, idx, t, p.j, r, name);
+        if (layers)  // [L, T, J·H] and [L, T, J·P]
+          ok = ok && r.data.ndim() == 3 && r.data.dim(0) == 3 &&
+               (!tab.scale_cols || (r.sf.ndim() == 3 && r.sf.dim(0) == 3));
       } catch (const Error& e) {
         log_error("check engram [{}] rank {}: {}", name, g.rank(), e.what());
       }

@@ -160,18 +160,21 @@ EngramFetch EngramBuffer::start_fetch(const Tensor& indices) {
   std::string err;
   int64_t bad = 0;
   // An empty [0, J] view may have no storage (T = 0 borrowed from an empty vector).
-  if (indices.ndim() != 2 || (!indices.defined() && indices.numel() != 0) ||
+  const int nd = indices.ndim();
+  if ((nd != 2 && nd != 3) || (!indices.defined() && indices.numel() != 0) ||
       indices.dtype() != DType::i32 || !indices.is_contiguous())
-    err = fmt::format("indices must be a contiguous [T, J] i32 tensor, got {}",
+    err = fmt::format("indices must be a contiguous [T, J] or [L, T, J] i32 tensor, got {}",
                       indices.ndim() ? indices.describe() : "none");
-  const int64_t t = err.empty() ? indices.dim(0) : 0, j = err.empty() ? indices.dim(1) : 0;
+  // [L, T, J] is L·T rows of J ids: one exchange for every layer.
+  const int64_t layers = err.empty() && nd == 3 ? indices.dim(0) : 1;
+  const int64_t t = err.empty() ? indices.dim(-2) : 0, j = err.empty() ? indices.dim(-1) : 0;
   const std::span<const int32_t> idx(err.empty() ? indices.data<int32_t>() : nullptr,
-                                     size_t(t * j));
+                                     size_t(layers * t * j));
   for (size_t p = 0; p < idx.size() && err.empty(); ++p)
     if (idx[p] < -1 || idx[p] >= limit) {
       bad = idx[p];
-      err = fmt::format("index {} at [{}, {}] is outside [-1, {}) (W·n = {}·{})", bad,
-                        int64_t(p) / j, int64_t(p) % j, limit, c.world, c.n);
+      err = fmt::format("index {} at flat position {} of {} is outside [-1, {}) (W·n = {}·{})", bad,
+                        p, indices.describe(), limit, c.world, c.n);
     }
   const std::vector<int32_t> ids =
       err.empty() ? ep::engram::distinct_ids(idx) : std::vector<int32_t>{};
@@ -181,7 +184,7 @@ EngramFetch EngramBuffer::start_fetch(const Tensor& indices) {
   std::vector<int64_t> mine(row, 0), all(row * w);
   mine[0] = err.empty() ? 0 : 1;
   mine[1] = bad;
-  mine[2] = t * j;
+  mine[2] = layers * t * j;
   for (int32_t g : ids) mine[3 + size_t(g / c.n)] += 1;
   c.group.all_gather(mine.data(), all.data(), row, DType::i64);
   if (!err.empty()) DI_FAIL("EngramBuffer::fetch: {}", err);
@@ -196,8 +199,11 @@ EngramFetch EngramBuffer::start_fetch(const Tensor& indices) {
   }
 
   EngramResult out;
-  out.data = Tensor::zeros(s.dtype(), {t, j * s.cfg.hidden});
-  if (c.sf_bytes) out.sf = Tensor::zeros(DType::f32, {t, j * s.cfg.scale_cols});
+  auto shape = [&](int64_t cols) {
+    return nd == 3 ? std::vector<int64_t>{layers, t, j * cols} : std::vector<int64_t>{t, j * cols};
+  };
+  out.data = Tensor::zeros(s.dtype(), shape(s.cfg.hidden));
+  if (c.sf_bytes) out.sf = Tensor::zeros(DType::f32, shape(s.cfg.scale_cols));
   ep::engram::Request req{idx,
                           ids,
                           counts,
