@@ -60,6 +60,30 @@ TEST_P(EngramCheck, MatrixPassesBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(World, EngramCheck, ::testing::Values(1, 2, 4, 8, 16));
 
+// Through a backend whose all_to_all_v hangs: auto takes ag (no all_to_all, no peer memory) and
+// the matrix still passes.
+TEST(EngramFault, AutoRoutesAroundABrokenAllToAllV) {
+  LaunchOptions o;
+  o.world = 4;
+  o.fault = "a2av-hang";
+  o.timeout_s = 20;
+  std::atomic<int> passed{0}, failed{0}, path{-1};
+  run_ranks(o, [&](Group& g) {
+    EngramConfig cfg;
+    cfg.hidden = 4;
+    EngramBuffer buf(g, cfg);
+    const ep::engram::CheckEngramResult r = ep::engram::run_check_engram(g, {});
+    if (g.rank() == 0) {
+      passed = r.passed;
+      failed = r.failed;
+      path = int(buf.path());
+    }
+  });
+  EXPECT_EQ(path.load(), int(EngramAlgo::ag));
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(passed.load(), 40);
+}
+
 // A bad index on one rank only: every rank throws, on every path, and nobody hangs.
 TEST(EngramErrors, BadIndexOnOneRankIsAnErrorEverywhere) {
   for (EngramAlgo algo : {EngramAlgo::ag, EngramAlgo::a2a, EngramAlgo::direct}) {
