@@ -4,7 +4,7 @@
 
 namespace deepinfer::ep::engram {
 
-void fetch_a2a(const Context& c, const Request& r) {
+void fetch_a2a(Context& c, const Request& r) {
   const std::span<const int32_t> ids = r.ids;
   const size_t w = size_t(c.world), entry = c.entry_bytes();
   std::vector<size_t> send(w), recv(w), send_b(w), recv_b(w);
@@ -16,9 +16,12 @@ void fetch_a2a(const Context& c, const Request& r) {
     recv_b[o] = recv[o] * entry;
     recv_total += recv[o];
   }
-  std::vector<int32_t> asked(recv_total);
+  std::vector<int32_t>& asked = c.ids;
+  asked.resize(recv_total);
   c.group.all_to_all_v(ids.data(), send, asked.data(), recv, DType::i32);
-  std::vector<std::byte> answer(recv_total * entry), rows(ids.size() * entry);
+  std::vector<std::byte>&answer = c.send, &rows = c.recv;
+  if (answer.size() < recv_total * entry) answer.resize(recv_total * entry);
+  if (rows.size() < ids.size() * entry) rows.resize(ids.size() * entry);
   for (size_t i = 0; i < recv_total; ++i)
     c.pack_entry(asked[i] - int64_t(c.rank) * c.n, &answer[i * entry]);
   c.group.all_to_all_v(answer.data(), recv_b, rows.data(), send_b, DType::u8);

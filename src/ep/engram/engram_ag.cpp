@@ -7,10 +7,11 @@
 
 namespace deepinfer::ep::engram {
 
-void fetch_ag(const Context& c, const Request& r) {
+void fetch_ag(Context& c, const Request& r) {
   int64_t total = 0;
   for (int64_t k : r.counts) total += k;
-  std::vector<int32_t> all(static_cast<size_t>(total));
+  std::vector<int32_t>& all = c.ids;
+  all.resize(size_t(total));
   std::vector<size_t> idx_counts(r.counts.begin(), r.counts.end());
   c.group.all_gather_v(r.idx.data(), r.idx.size(), all.data(), idx_counts, DType::i32);
 
@@ -27,10 +28,12 @@ void fetch_ag(const Context& c, const Request& r) {
     seg_bytes[size_t(o)] = (hi - lo) * entry;
   }
   auto [lo, hi] = seg(c.rank);
-  std::vector<std::byte> mine((hi - lo) * entry), rows(ids.size() * entry);
+  std::vector<std::byte>&mine = c.send, &rows = c.recv;
+  if (mine.size() < (hi - lo) * entry) mine.resize((hi - lo) * entry);
+  if (rows.size() < ids.size() * entry) rows.resize(ids.size() * entry);
   for (size_t i = lo; i < hi; ++i)
     c.pack_entry(ids[i] - int64_t(c.rank) * c.n, &mine[(i - lo) * entry]);
-  c.group.all_gather_v(mine.data(), mine.size(), rows.data(), seg_bytes, DType::u8);
+  c.group.all_gather_v(mine.data(), (hi - lo) * entry, rows.data(), seg_bytes, DType::u8);
   place_from(c, r, ids, rows.data());
 }
 

@@ -6,7 +6,7 @@
 
 namespace deepinfer::ep::engram {
 
-void fetch_direct(const Context& c, const Request& r) {
+void fetch_direct(Context& c, const Request& r) {
   const size_t regions = c.sf_bytes ? 2 : 1;
   for (size_t p = 0; p < r.idx.size(); ++p) {
     const int32_t g = r.idx[p];

@@ -23,6 +23,11 @@ struct Context {
   // Direct: where each rank's shard (and sf) is readable from here, 1 or 2 regions per rank.
   std::vector<const std::byte*> peers;
 
+  // Scratch the lowerings reuse across fetches (grown on demand, never shrunk): a fresh buffer
+  // per call would fault its pages in again every time.
+  std::vector<std::byte> send, recv;
+  std::vector<int32_t> ids;
+
   explicit Context(Group& g) : group(g) {}
   size_t entry_bytes() const { return data_bytes + sf_bytes; }
   // Copies local row `row` as one entry [data | sf] to dst.
@@ -47,8 +52,8 @@ void place_entry(const Context& c, const Request& r, const std::byte* e, size_t 
 void place_from(const Context& c, const Request& r, std::span<const int32_t> ids,
                 const std::byte* entries);
 
-void fetch_ag(const Context& c, const Request& r);      // engram_ag.cpp
-void fetch_a2a(const Context& c, const Request& r);     // engram_a2a.cpp
-void fetch_direct(const Context& c, const Request& r);  // engram_direct.cpp
+void fetch_ag(Context& c, const Request& r);      // engram_ag.cpp
+void fetch_a2a(Context& c, const Request& r);     // engram_a2a.cpp
+void fetch_direct(Context& c, const Request& r);  // engram_direct.cpp
 
 }  // namespace deepinfer::ep::engram
