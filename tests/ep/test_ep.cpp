@@ -22,6 +22,11 @@
 namespace deepinfer {
 namespace {
 
+// memcmp that accepts the null data of empty tensors and vectors when n = 0.
+bool same_bytes(const void* a, const void* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n) == 0;
+}
+
 EPConfig small_config(int world) {
   EPConfig c;
   c.num_experts = 4 * world;
@@ -130,15 +135,14 @@ std::string dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_
   const std::string lowering = buf.last_stats().lowering;
   const ep::ref::ExpectedDispatch ex = ep::ref::expected_dispatch(all, cfg, w, me);
   EXPECT_EQ(out.x.nbytes(), ex.x.size());
-  EXPECT_EQ(std::memcmp(out.x.raw(), ex.x.data(), std::min(out.x.nbytes(), ex.x.size())), 0);
+  EXPECT_TRUE(same_bytes(out.x.raw(), ex.x.data(), std::min(out.x.nbytes(), ex.x.size())));
   EXPECT_EQ(size_t(out.src.numel()), ex.src.size());
-  EXPECT_EQ(
-      std::memcmp(out.src.raw(), ex.src.data(), std::min(out.src.nbytes(), ex.src.size() * 8)), 0);
+  EXPECT_TRUE(
+      same_bytes(out.src.raw(), ex.src.data(), std::min(out.src.nbytes(), ex.src.size() * 8)));
   if (cfg.dispatch_dtype == DispatchDType::fp8) {
     EXPECT_EQ(out.scales.nbytes(), ex.scales.size() * 4);
-    EXPECT_EQ(std::memcmp(out.scales.raw(), ex.scales.data(),
-                          std::min(out.scales.nbytes(), ex.scales.size() * 4)),
-              0);
+    EXPECT_TRUE(same_bytes(out.scales.raw(), ex.scales.data(),
+                           std::min(out.scales.nbytes(), ex.scales.size() * 4)));
   }
   EXPECT_EQ(std::vector<int64_t>(out.topk_idx.data<int64_t>(),
                                  out.topk_idx.data<int64_t>() + out.topk_idx.numel()),
@@ -149,8 +153,7 @@ std::string dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_
   EXPECT_EQ(out.num_recv_tokens_per_expert_aligned, ex.count_aligned);
   const DispatchOutput cached = buf.dispatch(in.x, in.scales, out.handle);
   EXPECT_EQ(cached.x.nbytes(), out.x.nbytes());
-  EXPECT_EQ(std::memcmp(cached.x.raw(), out.x.raw(), std::min(cached.x.nbytes(), out.x.nbytes())),
-            0);
+  EXPECT_TRUE(same_bytes(cached.x.raw(), out.x.raw(), std::min(cached.x.nbytes(), out.x.nbytes())));
 
   const int64_t rows = out.src.numel(), h = cfg.hidden, m = cfg.num_max_tokens_per_rank;
   Tensor y = Tensor::empty(DType::bf16, {rows, h});
@@ -169,13 +172,9 @@ std::string dispatch_combine_vs_reference(Group& g, const EPConfig& cfg, uint64_
   const CombineOutput comb = buf.combine(y, out.handle);
   const ep::ref::ExpectedCombine ec = ep::ref::expected_combine(all, cfg, w, me, seed, offset);
   EXPECT_EQ(comb.x.nbytes(), ec.x.size() * 2);
-  // Empty outputs (T = 0) may have null data, which memcmp must not see even for 0 bytes.
-  if (const size_t bytes = std::min(comb.x.nbytes(), ec.x.size() * 2); bytes) {
-    EXPECT_EQ(std::memcmp(comb.x.raw(), ec.x.data(), bytes), 0) << cfg.describe();
-  }
-  if (!ec.weights.empty()) {
-    EXPECT_EQ(std::memcmp(comb.topk_weights.raw(), ec.weights.data(), ec.weights.size() * 4), 0);
-  }
+  EXPECT_TRUE(same_bytes(comb.x.raw(), ec.x.data(), std::min(comb.x.nbytes(), ec.x.size() * 2)))
+      << cfg.describe();
+  EXPECT_TRUE(same_bytes(comb.topk_weights.raw(), ec.weights.data(), ec.weights.size() * 4));
   return lowering;
 }
 
@@ -231,7 +230,7 @@ TEST(EpAllToAll, CachedDispatchSkipsCountCollective) {
       const DispatchOutput out = buf.dispatch(di);
       g.calls.clear();
       const DispatchOutput cached = buf.dispatch(di.x, di.scales, out.handle);
-      EXPECT_EQ(std::memcmp(cached.x.raw(), out.x.raw(), out.x.nbytes()), 0);
+      EXPECT_TRUE(same_bytes(cached.x.raw(), out.x.raw(), out.x.nbytes()));
       EXPECT_EQ(g.calls["all_gather"], 0);
       EXPECT_EQ(g.calls["all_reduce"], 0);
       EXPECT_EQ(g.calls["all_gather"] + g.calls["all_gather_v"] + g.calls["reduce_scatter"], 0);
@@ -405,13 +404,9 @@ TEST(EpInputPlaces, ReuseWhileAViewLivesIsAnErrorAndRightUseMatchesReference) {
         const DispatchOutput out = buf.dispatch(in);
         const ep::ref::ExpectedDispatch ex = ep::ref::expected_dispatch(all, cfg, w, me);
         ASSERT_EQ(out.x.nbytes(), ex.x.size());
-        if (!ex.x.empty()) {
-          EXPECT_EQ(std::memcmp(out.x.raw(), ex.x.data(), ex.x.size()), 0);
-        }
-        if (x.nbytes()) {
-          EXPECT_EQ(std::memcmp(x.raw(), original_x.raw(), x.nbytes()), 0)
-              << "x is read after dispatch";
-        }
+        EXPECT_TRUE(same_bytes(out.x.raw(), ex.x.data(), ex.x.size()));
+        EXPECT_TRUE(same_bytes(x.raw(), original_x.raw(), x.nbytes()))
+            << "x is read after dispatch";
 
         auto expect_rule = [](const std::string& err, const char* op, const char* place) {
           EXPECT_NE(err.find(fmt::format("ep {} on rank", op)), std::string::npos) << err;
@@ -451,7 +446,7 @@ TEST(EpInputPlaces, ReuseWhileAViewLivesIsAnErrorAndRightUseMatchesReference) {
         const ep::ref::ExpectedCombine ec =
             ep::ref::expected_combine(all, cfg, w, me, seed, offset);
         ASSERT_EQ(comb.x.nbytes(), ec.x.size() * 2);
-        EXPECT_EQ(std::memcmp(comb.x.raw(), ec.x.data(), ec.x.size() * 2), 0) << cfg.describe();
+        EXPECT_TRUE(same_bytes(comb.x.raw(), ec.x.data(), ec.x.size() * 2)) << cfg.describe();
         y = {};
         EXPECT_EQ(buf.dispatch(again).num_recv_tokens,
                   out.num_recv_tokens);  // the places are free again
