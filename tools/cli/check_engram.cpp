@@ -34,20 +34,8 @@ int run_check_engram_cli(const CheckEngramCli& o) {
   ep::engram::CheckEngramOptions co;
   co.seed = o.seed;
   co.verbose = o.verbose;
-  ep::engram::CheckEngramResult res;
-  bool printer = false;
-  runtime::run_ranks_with_pools(lo, [&](Group& g) {
-    const ep::engram::CheckEngramResult r = ep::engram::run_check_engram(g, co);
-    if (g.rank() == 0) {
-      res = r;
-      printer = true;
-    }
-  });
-  if (printer) {
-    std::printf("engram: %d passed, %d failed\n", res.passed, res.failed);
-    std::fflush(stdout);
-  }
-  return res.failed ? 1 : 0;
+  return run_check_suite<ep::engram::CheckEngramResult>(
+      lo, "engram", [&](Group& g) { return ep::engram::run_check_engram(g, co); });
 }
 
 DEEPINFER_COMMAND(

@@ -50,20 +50,8 @@ int run_check_ep_cli(const CheckEpCli& o) {
     co.algos = {o.algo == "ag" ? EpAlgo::ag : (o.algo == "a2a" ? EpAlgo::a2a : EpAlgo::automatic)};
   if (o.combine != "all")
     co.combines = {o.combine == "fast" ? CombineMode::fast : CombineMode::exact};
-  ep::CheckEpResult res;
-  bool printer = false;
-  runtime::run_ranks_with_pools(lo, [&](Group& g) {
-    const ep::CheckEpResult r = ep::run_check_ep(g, co);
-    if (g.rank() == 0) {
-      res = r;
-      printer = true;
-    }
-  });
-  if (printer) {
-    std::printf("ep: %d passed, %d failed\n", res.passed, res.failed);
-    std::fflush(stdout);
-  }
-  return res.failed ? 1 : 0;
+  return run_check_suite<ep::CheckEpResult>(lo, "ep",
+                                            [&](Group& g) { return ep::run_check_ep(g, co); });
 }
 
 DEEPINFER_COMMAND(

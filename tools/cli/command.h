@@ -6,13 +6,21 @@
 #include <deepinfer/error.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "runtime/launch.h"
 
 namespace deepinfer::cli {
+
+// Runs a check suite on every rank of `lo` and prints rank 0's `NAME: N passed, M failed` line
+// (the check commands' common tail). Result has `passed` and `failed`. Exit code 1 on a failure.
+template <class Result>
+int run_check_suite(const LaunchOptions& lo, const char* name,
+                    const std::function<Result(Group&)>& suite);
 
 // Adds the command's options to `app` and returns the function that runs it (exit code).
 using CommandSetup = std::function<std::function<int()>(CLI::App& app)>;
@@ -49,6 +57,25 @@ CommKind resolve_comm(const std::string& typed);
 // Before anything loads: under mpi, `world` ranks given by `option` (e.g. --ep) need a launch
 // of exactly that many processes (world <= 1 takes the launch's size). A UsageError otherwise.
 void check_mpi_world(CommKind comm, int world, const std::string& option);
+
+template <class Result>
+int run_check_suite(const LaunchOptions& lo, const char* name,
+                    const std::function<Result(Group&)>& suite) {
+  Result res;
+  bool printer = false;
+  runtime::run_ranks_with_pools(lo, [&](Group& g) {
+    const Result r = suite(g);
+    if (g.rank() == 0) {
+      res = r;
+      printer = true;
+    }
+  });
+  if (printer) {
+    std::printf("%s: %d passed, %d failed\n", name, res.passed, res.failed);
+    std::fflush(stdout);
+  }
+  return res.failed ? 1 : 0;
+}
 
 }  // namespace deepinfer::cli
 
