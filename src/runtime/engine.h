@@ -1,7 +1,13 @@
 // The engine (docs/architecture.md §6): prefill + decode with the paged latent cache, batches of
 // sequences, sampling, stop tokens and a streaming callback. Data-parallel attention: each rank
-// runs its own requests (possibly none) and every rank steps until no rank has work left (one small
-// MAX all_reduce per step), so every rank joins every MoE layer.
+// runs its own requests (possibly none) and every rank steps together, so every rank joins every
+// MoE layer.
+//
+// Two ways in. The step-level API (start / cancel / step) lets requests join and leave between
+// steps; a caller that plans for every rank (the server's scheduler) calls step() on every rank
+// the same number of times. generate() is the batch form built on it: it starts requests as the
+// page pool and max_batch allow and steps until no rank has work (one small MAX all_reduce per
+// step).
 #pragma once
 
 #include <deepinfer/comm.h>
@@ -49,8 +55,11 @@ using TokenCallback = std::function<void(int64_t id, int32_t token)>;
 struct EngineOptions {
   int64_t max_tokens_per_step = 256;  // new tokens per forward on one rank (prefill is chunked)
   int64_t max_batch = 64;             // sequences in flight per rank
-  model::ModelOptions model;          // EP policy (ModelOptions::from_knobs() for the knobs');
-                                      // max_tokens_per_step is copied in
+  // KV pages per rank (64 tokens each). 0: generate() sizes a pool for each call's requests;
+  // the step-level API needs a fixed pool (> 0).
+  int64_t kv_pages = 0;
+  model::ModelOptions model;  // EP policy (ModelOptions::from_knobs() for the knobs');
+                              // max_tokens_per_step is copied in
 };
 
 struct EngineStats {
@@ -61,11 +70,39 @@ struct EngineStats {
   double decode_seconds = 0;   // steps of decode tokens only
 };
 
+// What one step did for one of this rank's sequences: a generated token, and the whole result
+// when the sequence ended with it.
+struct StepEvent {
+  int64_t id = 0;
+  int32_t token = -1;
+  bool finished = false;
+  RequestResult result;  // finished: tokens, finish_reason and the record fields
+};
+
+// KV pages a request reserves when it starts: room for its prompt and max_new_tokens.
+int64_t pages_needed(const Request& r);
+
 class Engine {
  public:
   Engine(std::shared_ptr<const model::ModelWeights> weights, Group& group,
          const EngineOptions& opts);
   ~Engine();
+
+  // ---- step-level API (this rank's sequences; no collective except step) ----
+  int64_t total_pages() const;  // 0 until a pool exists
+  int64_t free_pages() const;
+  int64_t num_active() const;  // sequences started and not finished or cancelled
+  // Starts `r` on this rank at the next step and reserves its pages now. Errors (nothing
+  // changes): a request_problem, an id already active, max_batch sequences already in flight, or
+  // not enough free pages (check pages_needed(r) <= free_pages()).
+  void start(Request r);
+  // Ends sequence `id` now and frees its pages; no event follows. Unknown ids are ignored (it
+  // may have finished in the step that just ran).
+  void cancel(int64_t id);
+  // Collective: one forward on every rank, each over its own sequences (possibly none; a rank
+  // with none still joins every MoE layer). Decode tokens first, then prefill chunks in the
+  // rest of max_tokens_per_step. Finished sequences free their pages before it returns.
+  std::vector<StepEvent> step();
 
   // Collective: every rank calls it (with its own requests, possibly none) and it returns when
   // all ranks are done. Results are this rank's requests, in request order. The requests are
