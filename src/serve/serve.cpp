@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "comm/platform.h"
 #include "core/check.h"
+#include "core/env.h"
 #include "kernels/attention.h"
 #include "model/config.h"
 #include "runtime/engine.h"
@@ -49,6 +51,16 @@ void serve(const ServeOptions& opts, const std::function<void(int, Scheduler&)>&
                                  .parent_path()
                                  .filename()
                                  .string();
+
+  // The HTTP threads need a core of their own: kernel threads that share every core with them
+  // wait at each parallel section's join for a worker the HTTP side has preempted, which costs
+  // a scheduler time slice per kernel. Unless DEEPINFER_THREADS says otherwise, the kernels get
+  // one core less (docs/serve.md).
+  if (knobs().threads == 0) {
+    Knobs k = knobs();
+    k.threads = int(std::max(1u, std::thread::hardware_concurrency() - 1));
+    set_knobs(k);
+  }
 
   // Rank 0's process serves HTTP; it listens before the weights load (/health: 503).
   const auto here = launcher_placement();

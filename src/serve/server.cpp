@@ -300,6 +300,7 @@ struct Server::Impl {
 
   void routes() {
     http.set_payload_max_length(opts.max_body_bytes);
+    http.set_tcp_nodelay(true);  // one small SSE chunk per token: no Nagle delay
     const size_t threads = size_t(std::max(4, opts.http_threads));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {

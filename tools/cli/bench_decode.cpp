@@ -26,6 +26,7 @@
 #include "model/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
+#include "synthetic_model.h"
 
 namespace deepinfer::cli {
 namespace {
@@ -42,100 +43,6 @@ struct BenchDecodeCli {
   int64_t decode_tokens = 32;
   int reps = 3;
 };
-
-// The synthetic DeepSeek-V3-architecture model of issue 5 (HF layout, BF16, no YaRN).
-void write_synthetic_model(const std::string& dir) {
-  constexpr int64_t kHidden = 2048, kLayers = 8, kDense = 1, kInter = 5632, kExperts = 32,
-                    kTopk = 4, kGroups = 4, kTopkGroup = 2, kShared = 1, kMoeInter = 512,
-                    kHeads = 16, kQLora = 768, kKvLora = 256, kNope = 64, kRope = 64, kV = 64,
-                    kVocab = 32000;
-  if (fs::exists(dir + "/model.safetensors") && fs::exists(dir + "/config.json")) return;
-  fs::create_directories(dir);
-  std::fprintf(stderr, "bench decode: writing the synthetic model to %s ...\n", dir.c_str());
-  std::mt19937_64 rng(20250101);
-  std::vector<std::vector<uint16_t>> store;
-  std::vector<std::vector<float>> fstore;
-  std::vector<model::TensorToWrite> ts;
-  auto bf16_tensor = [&](const std::string& name, std::vector<int64_t> shape, float amp) {
-    int64_t n = 1;
-    for (auto s : shape) n *= s;
-    std::vector<uint16_t> v(static_cast<size_t>(n));
-    // xorshift for speed; values uniform in [-amp, amp].
-    uint64_t x = rng();
-    for (auto& e : v) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      const float u = float(int32_t(x >> 32)) * (1.0f / 2147483648.0f);
-      e = f32_to_bf16(u * amp).bits;
-    }
-    store.push_back(std::move(v));
-    ts.push_back({name, DType::bf16, shape, store.back().data()});
-  };
-  auto ones = [&](const std::string& name, int64_t n) {
-    store.emplace_back(size_t(n), f32_to_bf16(1.0f).bits);
-    ts.push_back({name, DType::bf16, {n}, store.back().data()});
-  };
-  auto lin = [&](const std::string& name, int64_t out, int64_t in) {
-    bf16_tensor(name + ".weight", {out, in}, std::sqrt(3.0f / float(in)));
-  };
-  store.reserve(1024);
-  fstore.reserve(64);
-  bf16_tensor("model.embed_tokens.weight", {kVocab, kHidden}, 1.0f);
-  bf16_tensor("lm_head.weight", {kVocab, kHidden}, std::sqrt(3.0f / kHidden));
-  ones("model.norm.weight", kHidden);
-  for (int64_t l = 0; l < kLayers; ++l) {
-    const std::string p = fmt::format("model.layers.{}", l);
-    ones(p + ".input_layernorm.weight", kHidden);
-    ones(p + ".post_attention_layernorm.weight", kHidden);
-    lin(p + ".self_attn.q_a_proj", kQLora, kHidden);
-    ones(p + ".self_attn.q_a_layernorm.weight", kQLora);
-    lin(p + ".self_attn.q_b_proj", kHeads * (kNope + kRope), kQLora);
-    lin(p + ".self_attn.kv_a_proj_with_mqa", kKvLora + kRope, kHidden);
-    ones(p + ".self_attn.kv_a_layernorm.weight", kKvLora);
-    lin(p + ".self_attn.kv_b_proj", kHeads * (kNope + kV), kKvLora);
-    lin(p + ".self_attn.o_proj", kHidden, kHeads * kV);
-    const std::string m = p + ".mlp";
-    if (l < kDense) {
-      lin(m + ".gate_proj", kInter, kHidden);
-      lin(m + ".up_proj", kInter, kHidden);
-      lin(m + ".down_proj", kHidden, kInter);
-      continue;
-    }
-    lin(m + ".gate", kExperts, kHidden);
-    fstore.emplace_back(size_t(kExperts));
-    for (auto& b : fstore.back()) b = float(int64_t(rng() % 2001) - 1000) * 1e-5f;
-    ts.push_back(
-        {m + ".gate.e_score_correction_bias", DType::f32, {kExperts}, fstore.back().data()});
-    for (int64_t e = 0; e < kExperts; ++e) {
-      const std::string x = fmt::format("{}.experts.{}", m, e);
-      lin(x + ".gate_proj", kMoeInter, kHidden);
-      lin(x + ".up_proj", kMoeInter, kHidden);
-      lin(x + ".down_proj", kHidden, kMoeInter);
-    }
-    lin(m + ".shared_experts.gate_proj", kShared * kMoeInter, kHidden);
-    lin(m + ".shared_experts.up_proj", kShared * kMoeInter, kHidden);
-    lin(m + ".shared_experts.down_proj", kHidden, kShared * kMoeInter);
-  }
-  model::write_safetensors(dir + "/model.safetensors.tmp", ts, {{"format", "pt"}});
-  fs::rename(dir + "/model.safetensors.tmp", dir + "/model.safetensors");
-  std::ofstream cfg(dir + "/config.json");
-  cfg << fmt::format(R"({{
-  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-  "vocab_size": {}, "hidden_size": {}, "intermediate_size": {}, "moe_intermediate_size": {},
-  "num_hidden_layers": {}, "num_attention_heads": {}, "num_key_value_heads": {},
-  "first_k_dense_replace": {}, "moe_layer_freq": 1, "n_routed_experts": {}, "n_shared_experts": {},
-  "num_experts_per_tok": {}, "n_group": {}, "topk_group": {}, "topk_method": "noaux_tc",
-  "scoring_func": "sigmoid", "norm_topk_prob": true, "routed_scaling_factor": 2.5,
-  "q_lora_rank": {}, "kv_lora_rank": {}, "qk_nope_head_dim": {}, "qk_rope_head_dim": {}, "v_head_dim": {},
-  "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "rope_scaling": null,
-  "max_position_embeddings": 4096, "num_nextn_predict_layers": 0, "attention_bias": false,
-  "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false, "torch_dtype": "bfloat16"
-}}
-)",
-                     kVocab, kHidden, kInter, kMoeInter, kLayers, kHeads, kHeads, kDense, kExperts,
-                     kShared, kTopk, kGroups, kTopkGroup, kQLora, kKvLora, kNope, kRope, kV);
-}
 
 // Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
 double linear_flops_per_token(const model::ModelConfig& c) {

@@ -1,0 +1,18 @@
+// The synthetic DeepSeek-V3-architecture model the benchmarks run (hidden 2048, 8 layers, 32
+// experts top-4, vocabulary 32000, random BF16 weights; docs/performance.md), written once into a
+// folder in the HuggingFace layout with a tokenizer.json that covers its vocabulary.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace deepinfer::cli {
+
+// Writes config.json, model.safetensors and tokenizer.json into `dir` unless they are there.
+void write_synthetic_model(const std::string& dir);
+
+// A byte-level BPE tokenizer.json with `vocab` ids: 0 and 1 are BOS and EOS, then the 256 byte
+// tokens, then filler words " w<id>" (no merges reach them; they decode to readable text).
+void write_synthetic_tokenizer(const std::string& path, int64_t vocab);
+
+}  // namespace deepinfer::cli
