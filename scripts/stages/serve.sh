@@ -153,9 +153,12 @@ if start_server mpirun mpirun --oversubscribe -np 2 "$DEEPINFER" serve --model "
   if [[ -n $r0 ]]; then
     client sigterm --port "$m_port" --pid "$r0"
     wait_exit "$m_pid" 60
+    # Rank 0 alone says it listens and that it stopped.
     n=$(grep -c '^serve: stopped$' "$LOGS/mpirun.err")
-    [[ $rc -eq 0 && $n -eq 1 ]] && ok=1 || ok=0
-    report "mpirun: SIGTERM to rank 0: all exit 0" $ok "mpirun exit $rc, 'serve: stopped' x $n"
+    l=$(grep -c '^listening on http://' "$LOGS/mpirun.err")
+    [[ $rc -eq 0 && $n -eq 1 && $l -eq 1 ]] && ok=1 || ok=0
+    report "mpirun: SIGTERM to rank 0: all exit 0" $ok \
+      "mpirun exit $rc, 'listening on' x $l, 'serve: stopped' x $n"
   else
     report "mpirun: rank 0's process" 0 "no process listens on port $m_port (ss -ltnp)"
   fi
