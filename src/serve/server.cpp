@@ -89,9 +89,11 @@ class JobText {
   std::string error_, engine_reason_, finish_reason_;
 };
 
+// Invalid UTF-8 a client sent can reach a message (the JSON parser quotes the bytes it read):
+// replace it rather than throw from dump().
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 }  // namespace
@@ -343,10 +345,10 @@ struct Server::Impl {
                               : r.status == 404
                                   ? fmt::format("no route for {} {}", q.method, q.path)
                                   : fmt::format("HTTP {}", r.status);
-      send_json(
-          r, r.status,
-          ApiError(r.status, msg, r.status == 413 ? "invalid_request_error" : "not_found_error")
-              .body());
+      const char* type = r.status == 413   ? "invalid_request_error"
+                         : r.status == 404 ? "not_found_error"
+                                           : "server_error";
+      send_json(r, r.status, ApiError(r.status, msg, type).body());
     });
     http.set_logger([this](const httplib::Request& q, const httplib::Response& r) {
       if (q.path.rfind("/v1/", 0) == 0) metrics.on_request(r.status);

@@ -76,9 +76,13 @@ class SignalWatch {
   // Set once rank 0 schedules: from then on a signal drains. Before, it ends the process.
   std::atomic<serve::Scheduler*> scheduler{nullptr};
   double drain_timeout_s = 30;
+  // A rank other than 0 of a launch (mpirun forwards the signal to every rank): rank 0 drains,
+  // and its last step plan ends this rank too; exiting here would cut the requests in flight.
+  std::atomic<bool> follower{false};
 
  private:
   void on_signal() {
+    if (follower) return;
     if (serve::Scheduler* s = scheduler.load()) {
       std::fprintf(stderr, "serve: stopping: finishing the requests in flight (at most %.0f s)\n",
                    drain_timeout_s);
@@ -120,6 +124,8 @@ int run_serve(const ServeCli& o) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails instead
   SignalWatch signals;
   signals.drain_timeout_s = o.drain_timeout_s;
+  signals.follower =
+      so.launch.comm == CommKind::mpi && launcher_placement() && launcher_placement()->rank != 0;
   serve::serve(
       so,
       [&](int port, serve::Scheduler& scheduler) {
