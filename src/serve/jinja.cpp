@@ -489,7 +489,8 @@ struct Item {
   size_t pos = 0;
   std::string text;
   std::vector<Tok> toks;  // expr and stmt; the last is an `end` token at the closing delimiter
-  char open_ws = 0, close_ws = 0;  // '-' (strip), '+' (keep: no lstrip_blocks), or 0
+  // '-' strips; '+' keeps: no lstrip_blocks before the tag, no trim_blocks after it.
+  char open_ws = 0, close_ws = 0;
 };
 
 struct Source {
@@ -545,7 +546,7 @@ class Lexer {
     if (it.kind == Item::comment) {
       const size_t e = s_.find("#}", p);
       if (e == std::string_view::npos) src_.fail(start, "unclosed comment: '{#' without '#}'");
-      if (e > p && s_[e - 1] == '-') it.close_ws = '-';
+      if (e > p && (s_[e - 1] == '-' || s_[e - 1] == '+')) it.close_ws = s_[e - 1];
       next = e + 2;
       return it;
     }
@@ -556,8 +557,9 @@ class Lexer {
       if (p >= s_.size())
         src_.fail(start,
                   fmt::format("unclosed tag: '{}' without '{}'", s_.substr(start, 2), close));
-      if (depth == 0 && s_[p] == '-' && s_.substr(p + 1, 2) == close) {
-        it.close_ws = '-';
+      if (depth == 0 && (s_[p] == '-' || (s_[p] == '+' && it.kind == Item::stmt)) &&
+          s_.substr(p + 1, 2) == close) {
+        it.close_ws = s_[p];
         p += 1;
       }
       if (depth == 0 && s_.substr(p, 2) == close) {
@@ -733,8 +735,8 @@ class Lexer {
   }
 
   // '-' strips all whitespace on its side; trim_blocks drops the first newline after a block or
-  // comment tag; lstrip_blocks drops spaces and tabs before a block or comment tag that starts
-  // its line (unless the tag opens with '+').
+  // comment tag (unless it closes with '+'); lstrip_blocks drops spaces and tabs before a block or
+  // comment tag that starts its line (unless it opens with '+').
   static void apply_whitespace(std::vector<Item>& items) {
     auto strip_left = [](std::string& s) {
       size_t k = 0;
@@ -748,7 +750,8 @@ class Lexer {
         const Item& prev = items[k - 1];
         if (prev.close_ws == '-') {
           strip_left(text);
-        } else if (prev.kind == Item::stmt || prev.kind == Item::comment) {
+        } else if (prev.close_ws != '+' &&
+                   (prev.kind == Item::stmt || prev.kind == Item::comment)) {
           if (!text.empty() && text[0] == '\n') text.erase(0, 1), line_start = true;
         }
       }
@@ -775,41 +778,13 @@ class Lexer {
 
 // ---- AST -------------------------------------------------------------------------------------
 
+// clang-format off
 enum class Op : uint8_t {
-  literal,
-  name,
-  list,
-  tuple,
-  dict,
-  attr,
-  item,
-  slice,
-  call,
-  filter,
-  test,
-  cond,
-  neg,
-  pos,
-  not_,
-  and_,
-  or_,
-  add,
-  sub,
-  mul,
-  div,
-  floordiv,
-  mod,
-  pow,
-  concat,
-  eq,
-  ne,
-  lt,
-  gt,
-  le,
-  ge,
-  in,
-  not_in
+  literal, name, list, tuple, dict, attr, item, slice, call, filter, test, cond, compare,
+  neg, pos, not_, and_, or_, add, sub, mul, div, floordiv, mod, pow, concat,
+  eq, ne, lt, gt, le, ge, in, not_in  // the operators of a compare node
 };
+// clang-format on
 
 struct Expr;
 using ExprP = std::unique_ptr<Expr>;
@@ -822,6 +797,8 @@ struct Expr {
   std::vector<ExprP> args;      // operands; call: callee then arguments; filter/test: subject first
   std::vector<std::string> kw;  // call/filter: names of the trailing keyword arguments
   bool negate = false;          // "is not"
+  std::vector<Op> ops;          // compare: a op0 b op1 c ... (Python's chained comparisons)
+  std::vector<size_t> op_pos;   // compare: where each operator is
 };
 
 struct Node {
@@ -1064,7 +1041,8 @@ class Parser {
   }
 
   ExprP parse_compare() {
-    ExprP e = parse_math1();
+    ExprP first = parse_math1();
+    ExprP e;
     for (;;) {
       const Tok& t = peek();
       Op op;
@@ -1087,24 +1065,17 @@ class Parser {
         next();
         op = Op::not_in;
       } else {
-        return e;
+        return e ? std::move(e) : std::move(first);
       }
       const size_t pos = next().pos;
-      e = binary(op, pos, std::move(e), parse_math1());
-      if (peek_compare())
-        src_.fail(peek().pos, "chained comparisons (a < b < c) are not supported");
-      return e;
+      if (!e) {
+        e = make(Op::compare, pos);
+        e->args.push_back(std::move(first));
+      }
+      e->ops.push_back(op);
+      e->op_pos.push_back(pos);
+      e->args.push_back(parse_math1());
     }
-  }
-
-  bool peek_compare() {
-    const Tok& t = peek();
-    if (t.type == Tok::op)
-      return t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" || t.text == "<=" ||
-             t.text == ">=";
-    return t.type == Tok::name &&
-           (t.text == "in" ||
-            (t.text == "not" && peek(1).type == Tok::name && peek(1).text == "in"));
   }
 
   ExprP parse_math1() {
@@ -1307,11 +1278,17 @@ class Parser {
         x->name = name.text;
         x->pos = name.pos;
         x->args.push_back(std::move(e));
+        const Tok& a = peek();
         if (accept_op("(")) {
           parse_arguments(*x);
-        } else if (peek().type == Tok::string || peek().type == Tok::integer ||
-                   peek().type == Tok::real) {
-          x->args.push_back(parse_primary());  // "is divisibleby 3" style
+        } else if ((a.type == Tok::name && a.text != "else" && a.text != "or" && a.text != "and") ||
+                   a.type == Tok::string || a.type == Tok::integer || a.type == Tok::real ||
+                   (a.type == Tok::op && (a.text == "[" || a.text == "{"))) {
+          // One argument without parentheses ("is divisibleby 3"), as Jinja parses it: so
+          // "x is defined if c else d" is a syntax error there, and here.
+          if (a.type == Tok::name && a.text == "is")
+            src_.fail(a.pos, "tests cannot be chained (x is a is b)");
+          x->args.push_back(parse_postfix(parse_primary()));
         }
         e = std::move(x);
       } else if (t.type == Tok::op && t.text == "(") {
@@ -1651,25 +1628,14 @@ class Evaluator {
         }
         return b.take();
       }
-      case Op::eq:
-        return Value::boolean(equal(eval(*e.args[0]), eval(*e.args[1])));
-      case Op::ne:
-        return Value::boolean(!equal(eval(*e.args[0]), eval(*e.args[1])));
-      case Op::lt:
-      case Op::gt:
-      case Op::le:
-      case Op::ge: {
-        const Value a = eval(*e.args[0]), b = eval(*e.args[1]);
-        const int c = compare(a, b, e);
-        return Value::boolean(e.op == Op::lt   ? c < 0
-                              : e.op == Op::gt ? c > 0
-                              : e.op == Op::le ? c <= 0
-                                               : c >= 0);
-      }
-      case Op::in:
-      case Op::not_in: {
-        const Value a = eval(*e.args[0]), b = eval(*e.args[1]);
-        return Value::boolean(contains(b, a, e.pos) != (e.op == Op::not_in));
+      case Op::compare: {  // a < b < c is a < b and b < c, each operand evaluated once
+        Value left = eval(*e.args[0]);
+        for (size_t k = 0; k < e.ops.size(); ++k) {
+          Value right = eval(*e.args[k + 1]);
+          if (!compare_op(e.ops[k], left, right, e.op_pos[k])) return Value::boolean(false);
+          left = std::move(right);
+        }
+        return Value::boolean(true);
       }
       default:
         return arith(e.op, eval(*e.args[0]), eval(*e.args[1]), e.pos);
@@ -1703,9 +1669,26 @@ class Evaluator {
     }
   }
 
-  int compare(const Value& a, const Value& b, const Expr& e) {
-    if (a.is(Kind::undefined)) fail_undefined(a, e.pos);
-    if (b.is(Kind::undefined)) fail_undefined(b, e.pos);
+  bool compare_op(Op op, const Value& a, const Value& b, size_t pos) {
+    switch (op) {
+      case Op::eq:
+        return equal(a, b);
+      case Op::ne:
+        return !equal(a, b);
+      case Op::in:
+        return contains(b, a, pos);
+      case Op::not_in:
+        return !contains(b, a, pos);
+      default: {
+        const int c = compare(a, b, op, pos);
+        return op == Op::lt ? c < 0 : op == Op::gt ? c > 0 : op == Op::le ? c <= 0 : c >= 0;
+      }
+    }
+  }
+
+  int compare(const Value& a, const Value& b, Op op, size_t pos) {
+    if (a.is(Kind::undefined)) fail_undefined(a, pos);
+    if (b.is(Kind::undefined)) fail_undefined(b, pos);
     if (a.numeric() && b.numeric()) {
       if (a.int_like() && b.int_like())
         return a.as_int() < b.as_int() ? -1 : a.as_int() > b.as_int();
@@ -1714,11 +1697,11 @@ class Evaluator {
     if (a.is(Kind::string) && b.is(Kind::string)) return a.s.compare(b.s) < 0 ? -1 : a.s != b.s;
     if (a.is(Kind::list) && b.is(Kind::list)) {
       for (size_t k = 0; k < a.list->size() && k < b.list->size(); ++k)
-        if (!equal((*a.list)[k], (*b.list)[k])) return compare((*a.list)[k], (*b.list)[k], e);
+        if (!equal((*a.list)[k], (*b.list)[k])) return compare((*a.list)[k], (*b.list)[k], op, pos);
       return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size();
     }
-    fail(e.pos, fmt::format("'{}' is not supported between {} and {}", op_text(e.op), type_name(a),
-                            type_name(b)));
+    fail(pos, fmt::format("'{}' is not supported between {} and {}", op_text(op), type_name(a),
+                          type_name(b)));
   }
 
   bool contains(const Value& hay, const Value& needle, size_t pos) {
@@ -1787,7 +1770,12 @@ class Evaluator {
             }
             return Value::integer(acc);
           }
-          return Value::real(std::pow(p, q));
+          if (p == 0 && q < 0) fail(pos, "zero cannot be raised to a negative power");
+          if (p < 0 && q != std::floor(q))
+            fail(pos, "a negative number to a fractional power (a complex number)");
+          if (const double r = std::pow(p, q); std::isfinite(r) || !std::isfinite(p))
+            return Value::real(r);
+          fail(pos, "the power overflows");
         default:
           fail(pos, fmt::format("unsupported operand types for {}: {} and {}", op_text(op),
                                 type_name(a), type_name(b)));
@@ -2211,10 +2199,9 @@ class Evaluator {
     const std::string& f = e.name;
     const std::string what = fmt::format("the filter '{}'", f);
     const size_t pos = e.pos;
-    auto need_string = [&]() {
-      if (v.is(Kind::undefined)) fail_undefined(v, pos);
-      if (!v.is(Kind::string))
-        fail(pos, fmt::format("{} needs a string, not {}", what, type_name(v)));
+    auto as_string = [&]() {  // these filters apply str() first, as Jinja's do
+      if (v.is(Kind::ns)) fail(pos, "a namespace cannot be converted to a string");
+      return to_str(v);
     };
     if (f == "default" || f == "d") {
       check_args(a, 2, {"default_value", "boolean"}, what, pos);
@@ -2252,18 +2239,15 @@ class Evaluator {
     }
     if (f == "trim") {
       check_args(a, 1, {"chars"}, what, pos);
-      need_string();
-      return strip(v, true, true, a.get(0, "chars"));
+      return strip(as_string(), true, true, a.get(0, "chars"));
     }
     if (f == "lower" || f == "upper" || f == "capitalize") {
       check_args(a, 0, {}, what, pos);
-      need_string();
-      return change_case(v, f == "lower" ? 0 : f == "upper" ? 1 : 2, pos);
+      return change_case(as_string(), f == "lower" ? 0 : f == "upper" ? 1 : 2, pos);
     }
     if (f == "replace") {
       check_args(a, 3, {"count"}, what, pos);
-      need_string();
-      return replace(v, a.get(0, ""), a.get(1, ""), a.get(2, "count"), pos);
+      return replace(as_string(), a.get(0, ""), a.get(1, ""), a.get(2, "count"), pos);
     }
     if (f == "join") {
       check_args(a, 1, {"d"}, what, pos);
@@ -2300,6 +2284,7 @@ class Evaluator {
       check_args(a, 1, {"default"}, what, pos);
       const Value* def = a.get(0, "default");
       const Value fallback = def ? *def : Value::integer(0);
+      if (v.is(Kind::undefined)) fail_undefined(v, pos);
       if (v.int_like()) return Value::integer(v.as_int());
       if (v.is(Kind::real)) {
         if (!std::isfinite(v.d) || std::fabs(v.d) >= 9.2e18) return fallback;
@@ -2347,9 +2332,9 @@ class Evaluator {
     if (t == "mapping") return v.is(Kind::dict);
     if (t == "iterable" || t == "sequence")
       return v.is(Kind::list) || v.is(Kind::dict) || v.is(Kind::string) || v.is(Kind::undefined);
-    if (t == "odd" || t == "even") {
-      if (!v.int_like()) fail(e.pos, fmt::format("the test '{}' needs an integer", t));
-      return (v.as_int() % 2 != 0) == (t == "odd");
+    if (t == "odd" || t == "even") {  // Jinja: value % 2 == 1 (or == 0)
+      const Value m = arith(Op::mod, v, Value::integer(2), e.pos);
+      return equal(m, Value::integer(t == "odd" ? 1 : 0));
     }
     fail(e.pos, fmt::format("the test '{}' is not supported (supported: boolean, defined, even, "
                             "false, float, integer, iterable, mapping, none, number, odd, "
