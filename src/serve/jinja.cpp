@@ -1,6 +1,9 @@
 #include "serve/jinja.h"
 
 #include <fmt/format.h>
+#include <unicode/locid.h>
+#include <unicode/stringoptions.h>
+#include <unicode/unistr.h>
 
 #include <algorithm>
 #include <charconv>
@@ -2072,17 +2075,41 @@ class Evaluator {
     return b.take();
   }
 
-  Value change_case(const Value& v, int mode, size_t pos) {  // 0 lower, 1 upper, 2 capitalize
-    std::string s = v.s;
-    for (size_t k = 0; k < s.size(); ++k) {
-      const char c = s[k];
-      if (static_cast<unsigned char>(c) >= 0x80)
-        fail(pos, "upper/lower/capitalize of non-ASCII text is not supported");
-      const bool up = mode == 1 || (mode == 2 && k == 0);
-      if (up && c >= 'a' && c <= 'z') s[k] = static_cast<char>(c - 'a' + 'A');
-      if (!up && c >= 'A' && c <= 'Z') s[k] = static_cast<char>(c - 'A' + 'a');
+  // Python's str.lower/upper/capitalize: full Unicode case mappings (ICU's, root locale), so
+  // "Straße".upper() is "STRASSE". A string whose length changes keeps its flags as a whole.
+  Value change_case(const Value& v, int mode) {  // 0 lower, 1 upper, 2 capitalize
+    if (std::all_of(v.s.begin(), v.s.end(),
+                    [](char c) { return static_cast<uint8_t>(c) < 0x80; })) {
+      std::string s = v.s;
+      for (size_t k = 0; k < s.size(); ++k) {
+        const char c = s[k];
+        const bool up = mode == 1 || (mode == 2 && k == 0);
+        if (up && c >= 'a' && c <= 'z') s[k] = static_cast<char>(c - 'a' + 'A');
+        if (!up && c >= 'A' && c <= 'Z') s[k] = static_cast<char>(c - 'A' + 'a');
+      }
+      return Value::str(std::move(s), v.mark);
     }
-    return Value::str(std::move(s), v.mark);
+    auto map = [](std::string_view text, int m) {
+      icu::UnicodeString u = icu::UnicodeString::fromUTF8(
+          icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
+      if (m == 0) u.toLower(icu::Locale::getRoot());
+      if (m == 1) u.toUpper(icu::Locale::getRoot());
+      if (m == 2)  // titlecase (not uppercase) of one character, as Python's capitalize
+        u.toTitle(nullptr, icu::Locale::getRoot(),
+                  U_TITLECASE_NO_LOWERCASE | U_TITLECASE_NO_BREAK_ADJUSTMENT);
+      std::string out;
+      u.toUTF8String(out);
+      return out;
+    };
+    std::string s;
+    if (mode == 2) {
+      const size_t first = utf8::decode_one(v.s).len;
+      s = map(std::string_view(v.s).substr(0, first), 2) +
+          map(std::string_view(v.s).substr(first), 0);
+    } else {
+      s = map(v.s, mode);
+    }
+    return Value::str(s, has_mark(v) ? std::string(s.size(), '\1') : std::string());
   }
 
   Value join(const Value& items, const Value& sep, size_t pos) {
@@ -2151,7 +2178,7 @@ class Evaluator {
       }
       if (name == "upper" || name == "lower") {
         check_args(a, 0, {}, what, pos);
-        return change_case(obj, name == "upper" ? 1 : 0, pos);
+        return change_case(obj, name == "upper" ? 1 : 0);
       }
       if (name == "replace") {
         check_args(a, 3, {}, what, pos);
@@ -2243,7 +2270,7 @@ class Evaluator {
     }
     if (f == "lower" || f == "upper" || f == "capitalize") {
       check_args(a, 0, {}, what, pos);
-      return change_case(as_string(), f == "lower" ? 0 : f == "upper" ? 1 : 2, pos);
+      return change_case(as_string(), f == "lower" ? 0 : f == "upper" ? 1 : 2);
     }
     if (f == "replace") {
       check_args(a, 3, {"count"}, what, pos);

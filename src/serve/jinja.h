@@ -10,17 +10,19 @@
 //                whitespace control with '-' (and '+' to keep lstrip_blocks off) on either side.
 //   expressions  string (Python escapes), integer, float, true/false/none literals, lists,
 //                tuples, dicts; variables; .attr, [key], [a:b:c] slices; calls; a if c else b;
-//                or, and, not; == != < > <= >= in, not in; + - * / // % **; ~; unary - +;
-//                filters (x|f, x|f(args)) and tests (x is [not] t).
+//                or, and, not; == != < > <= >= in, not in (chained as in Python: a < b < c);
+//                + - * / // % ** with Python's int/float rules; ~; unary - +; filters (x|f,
+//                x|f(args)) and tests (x is [not] t). Printing follows Python's str()/repr().
 //   functions    namespace(k=v, ...), range(...), raise_exception(msg), dict(k=v, ...).
 //   filters      trim, length, count, lower, upper, capitalize, tojson(indent), string, int,
 //                join, first, last, default/d, replace, list, items, reverse, safe.
 //   tests        defined, undefined, none, string, number, integer, float, boolean, mapping,
 //                iterable, sequence, true, false, odd, even.
 //   methods      str: strip lstrip rstrip split startswith endswith upper lower replace find join;
-//                dict: get items keys values.
-// Anything else (macros, include, other filters, ...) is an Error naming the construct and its
-// line:column in the template, at parse time where it can be known then, else when evaluated.
+//                dict: get items keys values. upper/lower/capitalize use Unicode case mappings.
+// Anything else (macros, include, other filters, str % x formatting, ...) is an Error naming the
+// construct and its line:column in the template, at parse time where it can be known then, else
+// when evaluated. Values come from JSON, so dict keys iterate in nlohmann::json's (sorted) order.
 //
 // Untrusted text: strings taken from the `untrusted` variables are flagged byte by byte, and the
 // flags follow the text through concatenation, slicing, stripping, splitting and tojson, so the

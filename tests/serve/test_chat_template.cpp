@@ -345,9 +345,6 @@ TEST(ChatTemplateErrors, UnsupportedConstructsNameThemselves) {
             "(supported: namespace, range, dict, raise_exception)");
   EXPECT_EQ(render_error("{{ 'abc'.title() }}"),
             "chat template, line 1 column 9: the method str.title() is not supported");
-  EXPECT_EQ(render_error("{{ 'É'|lower }}"),
-            "chat template, line 1 column 8: upper/lower/capitalize of non-ASCII text is not "
-            "supported");
   EXPECT_EQ(render_error("{{ '%s' % 1 }}"),
             "chat template, line 1 column 9: unsupported operand types for %: str and int");
 }

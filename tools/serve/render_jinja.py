@@ -67,12 +67,15 @@ def random_templates(count):
             if r < 0.4:
                 out.append(rng.choice(texts))
             elif r < 0.55:
-                out.append("{{" + rng.choice(["", "-"]) + " " + rng.choice(["'e'", "n", "s", "n + 1"]) +
+                out.append("{{" + rng.choice(["", "-"]) + " " +
+                           rng.choice(["'e'", "n", "s", "n + 1", "t", "i", "loop.index", "loop.last",
+                                       "loop.revindex", "ns.c"]) +
                            " " + rng.choice(["", "-"]) + "}}")
             elif r < 0.65:
                 out.append("{#" + rng.choice(["", "-", "+"]) + " c " + mark_close() + "#}")
             elif r < 0.7:
-                out.append(tag("set t = 'q'"))
+                out.append(tag(rng.choice(["set t = 'q'", "set t = t ~ 'r'", "set ns.c = ns.c + 1",
+                                           "set ns = namespace(c=0)", "set i = 7"])))
             elif depth < 2 and r < 0.85:
                 out.append(tag("if " + rng.choice(["true", "false", "n > 1"])) + seq(depth + 1))
                 if rng.random() < 0.5:
@@ -91,7 +94,13 @@ def random_expressions(count):
     rng = random.Random(21)
     atoms = ["0", "1", "2", "3", "-1", "2.5", "0.5", "'ab'", "'a b '", "\"x'y\"", "''", "'é世'",
              "true", "false", "none", "[1, 2, 3]", "[]", "['a', 'b']", "(1, 'x')", "{'k': 1}",
-             "n", "s", "xs", "d", "missing"]
+             "n", "s", "xs", "d", "missing", "d.k", "d['j']", "d.get('j')", "d.get('z', 1)",
+             "s.strip()", "s.split()", "'a,b'.split(',')", "s.startswith(' ')",
+             "(s ~ 'x').endswith('x')", "xs|length", "d.items()|list", "d|tojson", "xs|tojson",
+             "range(3)|list", "namespace(a=1).a", "{'a': [1, 2]}|tojson(indent=1)", "s.lstrip()",
+             "s.rstrip(' d')", "'a-b-c'.split('-', 1)", "'héllo'.upper()", "'AbC'.lower()",
+             "'x'.replace('x', 'yy')", "'hello'.find('l')", "', '.join(['a', 'b'])", "d.keys()|list",
+             "d.values()|list", "xs[0]", "xs[5]", "(xs|first)", "(xs|last)"]
     binops = ["+", "-", "*", "/", "//", "**", "~", "==", "!=", "<", ">", "<=", ">=", "in",
               "not in", "and", "or"]
     filters = ["length", "string", "trim", "upper", "lower", "first", "last", "list", "reverse|list",
