@@ -24,6 +24,9 @@ using json = nlohmann::json;
 constexpr size_t kMaxOutputBytes = size_t{64} << 20;
 constexpr int64_t kMaxRange = 100'000;
 constexpr int kMaxDepth = 200;  // nesting of expressions and blocks
+// Tokens in one tag: bounds the depth of an expression tree (a + b + ... nests without
+// parentheses), hence the evaluator's recursion. Real chat templates stay under 100.
+constexpr size_t kMaxTagTokens = 1000;
 
 // ---- Values ----------------------------------------------------------------------------------
 
@@ -570,6 +573,8 @@ class Lexer {
         next = p + 2;
         break;
       }
+      if (it.toks.size() >= kMaxTagTokens)
+        src_.fail(start, fmt::format("a tag longer than {} tokens", kMaxTagTokens));
       Tok t = token(p);
       if (t.type == Tok::op) {
         if (t.text == "(" || t.text == "[" || t.text == "{") ++depth;

@@ -316,6 +316,13 @@ TEST(ChatTemplateErrors, Syntax) {
                 .find("nested too deeply"),
             std::string::npos);
   EXPECT_NE(parse_error("{{ 'é' }}\xFF").find("not valid UTF-8"), std::string::npos);
+  std::string sum = "{{ 0";
+  for (int k = 0; k < 600; ++k) sum += " + 1";
+  EXPECT_EQ(parse_error(sum + " }}"),
+            "chat template, line 1 column 1: a tag longer than 1000 tokens");
+  EXPECT_EQ(ChatTemplate::parse("{{ 0" + std::string(sum.begin() + 4, sum.begin() + 1600) + " }}")
+                .render(json::object()),
+            "399");
 }
 
 TEST(ChatTemplateErrors, UnsupportedConstructsNameThemselves) {
