@@ -15,6 +15,7 @@
 #include "kernels/attention.h"
 #include "model/config.h"
 #include "runtime/engine.h"
+#include "serve/chat_template.h"
 
 namespace deepinfer::serve {
 
@@ -27,7 +28,9 @@ ServedModel served_model(const Tokenizer& tok, const model::ModelConfig& cfg) {
     m.stop_ids.push_back(*e);
   else if (cfg.eos_token_id >= 0)
     m.stop_ids.push_back(int32_t(cfg.eos_token_id));
-  m.encode_chat = [&tok](const std::vector<ChatMessage>& msgs) { return tok.encode_chat(msgs); };
+  // Parsed now: a template the interpreter does not support fails the start, not a request.
+  auto format = std::make_shared<const ChatFormat>(tok);
+  m.encode_chat = [format](const std::vector<ChatMessage>& msgs) { return format->encode(msgs); };
   return m;
 }
 

@@ -138,7 +138,12 @@ struct Server::Impl {
   runtime::Request make_request(const CompletionParams& p) const {
     runtime::Request r;
     if (p.chat) {
-      r.prompt = model.encode_chat(p.messages);
+      try {
+        r.prompt = model.encode_chat(p.messages);
+      } catch (const Error& e) {  // e.g. the template's raise_exception on these messages
+        throw ApiError(400, fmt::format("the chat template refused the messages: {}", e.what()),
+                       "invalid_request_error", "messages");
+      }
     } else if (p.prompt) {
       EncodeOptions eo;
       eo.invalid_utf8 = InvalidUtf8::error;

@@ -1,39 +1,69 @@
 #include "serve/stop_strings.h"
 
 #include <algorithm>
-#include <utility>
+
+#include "core/check.h"
+#include "tokenizer/utf8.h"
 
 namespace deepinfer::serve {
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
-  std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
+  for (size_t k = 0; k < stops_.size(); ++k) {
+    if (stops_[k].empty())
+      DI_FAIL("stop[{}] is empty; a stop string needs at least one character", k);
+    if (!utf8::is_valid(stops_[k])) DI_FAIL("stop[{}] is not valid UTF-8", k);
+  }
 }
 
 StopMatcher::Out StopMatcher::push(std::string_view text) {
-  held_ += text;
   Out out;
-  size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, held_.find(s));
-  if (first != std::string::npos) {
-    out.text = held_.substr(0, first);
+  if (stopped_) {
     out.stopped = true;
-    held_.clear();
     return out;
   }
-  // Hold back the longest tail that begins some stop string (it starts at a character boundary,
-  // since a stop string starts with one).
-  size_t keep = 0;
-  for (const auto& s : stops_)
-    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n)
-      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
-        keep = n;
+  std::string buf = std::move(held_);
+  held_.clear();
+  buf += text;
+  // The earliest match wins. Everything before `buf` was emitted, and no match started there:
+  // any suffix of it that could begin one was held back.
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, buf.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    buf.resize(first);
+    out.text = std::move(buf);
+    out.stopped = true;
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_)
+    for (size_t n = std::min(s.size() - 1, buf.size()); n > hold; --n)
+      if (buf.compare(buf.size() - n, n, s, 0, n) == 0) {
+        hold = n;
         break;
       }
-  out.text = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
+  // ... and an incomplete UTF-8 character just before the cut. (A stop string is valid UTF-8,
+  // so the held suffix itself starts at a character boundary.)
+  size_t cut = buf.size() - hold;
+  size_t lead = cut;
+  while (lead > 0 && cut - lead < 3 && (static_cast<uint8_t>(buf[lead - 1]) & 0xC0) == 0x80) --lead;
+  if (lead > 0) {
+    const size_t s = lead - 1;
+    if (utf8::decode_one(std::string_view(buf).substr(s, cut - s)).status ==
+        utf8::Status::incomplete)
+      cut = s;
+  }
+  held_ = buf.substr(cut);
+  buf.resize(cut);
+  out.text = std::move(buf);
   return out;
 }
 
-std::string StopMatcher::flush() { return std::exchange(held_, {}); }
+std::string StopMatcher::flush() {
+  std::string out = std::move(held_);
+  held_.clear();
+  return out;
+}
 
 }  // namespace deepinfer::serve

@@ -123,6 +123,24 @@ std::optional<std::string> config_token(const json& cfg, const char* key, std::s
   DI_FAIL("{}: {} must be a string or {{\"content\": string}}, got {}", source, key, v.dump());
 }
 
+// chat_template is a string, or a list of {"name", "template"} (the "default" one is used).
+std::string config_chat_template(const json& v) {
+  if (v.is_null()) return {};
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    for (const json& e : v)
+      if (e.is_object() && e.value("name", json()) == "default" && e.contains("template") &&
+          e["template"].is_string())
+        return e["template"].get<std::string>();
+    log_warn("tokenizer_config.json: chat_template lists no template named \"default\"; ignored");
+    return {};
+  }
+  log_warn(
+      "tokenizer_config.json: chat_template is neither a string nor a list of named "
+      "templates; ignored");
+  return {};
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -145,6 +163,7 @@ struct Tokenizer::Impl {
   std::vector<TokenId> prefix, suffix;  // add_special_tokens
   std::optional<TokenId> bos, eos;
   std::string bos_text, eos_text;
+  std::string chat_template;
 
   bool chat_tokens = false;
   mutable std::atomic<bool> warned_chat{false};
@@ -155,8 +174,9 @@ struct Tokenizer::Impl {
   void load_post_processor(const json& j, const std::string& path, bool& seen_sequence);
   void build_tables();
   void split_added(std::string_view text, const AddedTrie& trie, bool split_special,
-                   std::vector<Segment>& out) const;
-  void encode_text(std::string_view text, bool split_special, std::vector<TokenId>& out) const;
+                   const uint8_t* untrusted, std::vector<Segment>& out) const;
+  void encode_text(std::string_view text, bool split_special, std::vector<TokenId>& out,
+                   const uint8_t* untrusted = nullptr) const;
   std::optional<TokenId> lookup(std::string_view tok) const;
 };
 
@@ -205,6 +225,8 @@ void Tokenizer::Impl::load(const json& j, const json* cfg) {
           log_warn("{}: {} \"{}\" is not a token of {}; ignored", cfg_src, key, *t, source);
       }
     }
+    if (cfg->contains("chat_template"))
+      chat_template = config_chat_template((*cfg)["chat_template"]);
     // add_bos_token / add_eos_token decide, as transformers' Llama-style fast tokenizers do.
     const bool has_add_bos = cfg->contains("add_bos_token") && (*cfg)["add_bos_token"].is_boolean();
     const bool has_add_eos = cfg->contains("add_eos_token") && (*cfg)["add_eos_token"].is_boolean();
@@ -367,7 +389,7 @@ void Tokenizer::Impl::load_post_processor(const json& j, const std::string& path
 
 // HF AddedVocabulary::find_matches: leftmost-longest tokens, with lstrip/rstrip/single_word.
 void Tokenizer::Impl::split_added(std::string_view text, const AddedTrie& trie, bool split_special,
-                                  std::vector<Segment>& out) const {
+                                  const uint8_t* untrusted, std::vector<Segment>& out) const {
   if (trie.empty()) {
     out.push_back({text, -1});
     return;
@@ -384,6 +406,9 @@ void Tokenizer::Impl::split_added(std::string_view text, const AddedTrie& trie, 
     size_t start = pos, stop = pos + len;
     pos = stop;  // the search goes on after this match, used or not
     if (t.special && !split_special) continue;
+    if (t.special && untrusted &&
+        std::any_of(untrusted + start, untrusted + stop, [](uint8_t f) { return f != 0; }))
+      continue;
     if (t.single_word) {
       const bool start_ok =
           start == 0 ||
@@ -416,10 +441,10 @@ void Tokenizer::Impl::split_added(std::string_view text, const AddedTrie& trie, 
 }
 
 void Tokenizer::Impl::encode_text(std::string_view text, bool split_special,
-                                  std::vector<TokenId>& out) const {
+                                  std::vector<TokenId>& out, const uint8_t* untrusted) const {
   std::vector<Segment> raw_segs, norm_segs;
   std::vector<std::string> pieces;
-  split_added(text, raw_trie, split_special, raw_segs);
+  split_added(text, raw_trie, split_special, untrusted, raw_segs);
   for (const Segment& rs : raw_segs) {
     if (rs.id >= 0) {
       out.push_back(rs.id);
@@ -430,7 +455,18 @@ void Tokenizer::Impl::encode_text(std::string_view text, bool split_special,
         normalizer.is_identity() ? std::string() : normalizer.apply(rs.text);
     const std::string_view nt = normalizer.is_identity() ? rs.text : std::string_view(normalized);
     norm_segs.clear();
-    split_added(nt, norm_trie, split_special, norm_segs);
+    // The flags of this segment: where it lies in `text` (the normalizer may move bytes: then a
+    // segment with any flagged byte gets no special tokens at all).
+    const uint8_t* seg_flags = nullptr;
+    bool seg_special = split_special;
+    if (untrusted) {
+      const uint8_t* f = untrusted + (rs.text.data() - text.data());
+      if (normalizer.is_identity())
+        seg_flags = f;
+      else if (std::any_of(f, f + rs.text.size(), [](uint8_t x) { return x != 0; }))
+        seg_special = false;
+    }
+    split_added(nt, norm_trie, seg_special, seg_flags, norm_segs);
     for (const Segment& ns : norm_segs) {
       if (ns.id >= 0) {
         out.push_back(ns.id);
@@ -477,8 +513,14 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
 }
 
 std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOptions& opt) const {
+  if (!opt.untrusted.empty())
+    DI_CHECK(opt.untrusted.size() == text.size(), "untrusted flags for {} bytes, text of {}",
+             opt.untrusted.size(), text.size());
   std::string clean;
   if (const size_t bad = utf8::first_invalid(text); bad != std::string_view::npos) {
+    if (!opt.untrusted.empty())  // replacing bytes would move what the flags point at
+      DI_FAIL("tokenizer: text with untrusted flags must be valid UTF-8 (bad byte at offset {})",
+              bad);
     if (opt.invalid_utf8 == InvalidUtf8::error)
       DI_FAIL(
           "tokenizer: the input is not valid UTF-8 (first bad byte 0x{:02X} at offset {} of {}). "
@@ -490,7 +532,8 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
   std::vector<TokenId> out;
   out.reserve(text.size() / 3 + 4);
   if (opt.add_special_tokens) out.insert(out.end(), impl_->prefix.begin(), impl_->prefix.end());
-  impl_->encode_text(text, opt.split_special_tokens, out);
+  impl_->encode_text(text, opt.split_special_tokens, out,
+                     opt.untrusted.empty() ? nullptr : opt.untrusted.data());
   if (opt.add_special_tokens) out.insert(out.end(), impl_->suffix.begin(), impl_->suffix.end());
   return out;
 }
@@ -534,6 +577,9 @@ size_t Tokenizer::vocab_size() const { return impl_->tokens.size(); }
 std::optional<TokenId> Tokenizer::bos_id() const { return impl_->bos; }
 std::optional<TokenId> Tokenizer::eos_id() const { return impl_->eos; }
 bool Tokenizer::has_chat_tokens() const { return impl_->chat_tokens; }
+const std::string& Tokenizer::bos_token() const { return impl_->bos_text; }
+const std::string& Tokenizer::eos_token() const { return impl_->eos_text; }
+const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 
 std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
   const std::string clean = utf8::sanitize(text);

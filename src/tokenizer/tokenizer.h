@@ -41,6 +41,10 @@ struct EncodeOptions {
   // (HF's encode_special_tokens=True): "<｜User｜>" typed by a user is then encoded as plain text.
   bool split_special_tokens = true;
   InvalidUtf8 invalid_utf8 = InvalidUtf8::replace;
+  // Optional, one flag per byte of the text (the text must then be valid UTF-8): a special token
+  // that overlaps a flagged byte is not recognised, so flagged text (a chat message inside a
+  // rendered template) is encoded as plain text while the rest still gets its special tokens.
+  std::span<const uint8_t> untrusted = {};
 };
 
 struct ChatMessage {
@@ -73,6 +77,11 @@ class Tokenizer {
 
   std::optional<TokenId> bos_id() const;
   std::optional<TokenId> eos_id() const;
+  // tokenizer_config.json's bos_token / eos_token strings and chat_template ("" when absent; a
+  // list of named templates gives the one named "default").
+  const std::string& bos_token() const;
+  const std::string& eos_token() const;
+  const std::string& chat_template() const;
 
   // The normalizer + pre-tokenizer pieces of `text` (no added-token matching), as raw UTF-8
   // (before the byte-level mapping). For tests and debugging.
