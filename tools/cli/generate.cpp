@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "runtime/engine.h"
 #include "runtime/launch.h"
 #include "runtime/requests.h"
+#include "serve/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer::cli {
@@ -95,11 +97,19 @@ Prepared prepare(const GenerateCli& o) {
         "stdin)");
   const model::ModelConfig cfg = model::load_config(o.model);
   Tokenizer tok = Tokenizer::from_dir(o.model);
+  std::optional<serve::ChatFormat> chat;
+  if (o.chat) {
+    try {
+      chat.emplace(tok);
+    } catch (const Error& e) {
+      throw UsageError(fmt::format("--chat: {}", e.what()));
+    }
+  }
   std::vector<std::vector<int32_t>> ids;
   for (const auto& p : prompts) {
-    if (o.chat) {
+    if (chat) {
       const std::vector<ChatMessage> msgs{{"user", p.text}};
-      ids.push_back(tok.encode_chat(msgs));
+      ids.push_back(chat->encode(msgs));
     } else {
       ids.push_back(tok.encode(p.text));
     }
@@ -256,7 +266,9 @@ DEEPINFER_COMMAND(
           ->check(CLI::IsMember({"local", "mpi"}));
       app.add_option("--algo", o->algo, "EP algorithm ag|a2a|auto (default DEEPINFER_EP_ALGO)")
           ->check(CLI::IsMember({"ag", "a2a", "auto"}));
-      app.add_flag("--chat", o->chat, "Wrap the prompt in the DeepSeek-V3 chat format");
+      app.add_flag("--chat", o->chat,
+                   "Wrap the prompt as a user message in the model's chat template "
+                   "(tokenizer_config.json), or the DeepSeek-V3 format without one");
       app.add_option("--gemm", o->gemm, "Linear layers: fp8 (block-scaled, default) or bf16")
           ->check(CLI::IsMember({"fp8", "bf16"}));
       app.add_option("--quantize", o->quantize,
