@@ -308,6 +308,9 @@ struct Server::Impl {
   void routes() {
     http.set_payload_max_length(opts.max_body_bytes);
     http.set_tcp_nodelay(true);  // one small SSE chunk per token: no Nagle delay
+    // httplib's 5 s defaults drop a connection whose request a busy client sends late.
+    http.set_read_timeout(60, 0);
+    http.set_keep_alive_timeout(30);
     const size_t threads = size_t(std::max(4, opts.http_threads));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
