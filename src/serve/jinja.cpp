@@ -743,12 +743,12 @@ class Lexer {
   }
 
   // '-' strips all whitespace on its side; trim_blocks drops the first newline after a block or
-  // comment tag (unless it closes with '+'); lstrip_blocks drops spaces and tabs before a block or
+  // comment tag (unless it closes with '+'); lstrip_blocks drops the whitespace before a block or
   // comment tag that starts its line (unless it opens with '+').
   static void apply_whitespace(std::vector<Item>& items) {
-    auto strip_left = [](std::string& s) {
+    auto strip_left = [](std::string& s) {  // Unicode whitespace too, as Python's \s
       size_t k = 0;
-      while (k < s.size() && py_space(static_cast<unsigned char>(s[k]))) ++k;
+      while (k < s.size() && py_space(char_at(s, k))) k += utf8::decode_one(s.substr(k)).len;
       s.erase(0, k);
     };
     for (size_t k = 0; k < items.size(); k += 2) {
@@ -767,14 +767,19 @@ class Lexer {
         const Item& next = items[k + 1];
         if (next.open_ws == '-') {
           size_t e = text.size();
-          while (e > 0 && py_space(static_cast<unsigned char>(text[e - 1]))) --e;
+          while (e > 0) {
+            const size_t n = utf8::last_char_len(std::string_view(text).substr(0, e));
+            if (!py_space(char_at(text, e - n))) break;
+            e -= n;
+          }
           text.resize(e);
         } else if (next.open_ws != '+' && (next.kind == Item::stmt || next.kind == Item::comment)) {
           const size_t nl = text.rfind('\n');
           const size_t line = nl == std::string::npos ? 0 : nl + 1;
-          if ((nl != std::string::npos || line_start) &&
-              text.find_first_not_of(" \t", line) == std::string::npos)
-            text.resize(line);
+          bool blank = true;  // only whitespace (Python's \s) since the line began
+          for (size_t q = line; blank && q < text.size(); q += utf8::decode_one(text.substr(q)).len)
+            blank = py_space(char_at(text, q));
+          if ((nl != std::string::npos || line_start) && blank) text.resize(line);
         }
       }
     }
@@ -1703,7 +1708,7 @@ class Evaluator {
       return a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double();
     }
     if (a.is(Kind::string) && b.is(Kind::string)) return a.s.compare(b.s) < 0 ? -1 : a.s != b.s;
-    if (a.is(Kind::list) && b.is(Kind::list)) {
+    if (a.is(Kind::list) && b.is(Kind::list) && a.b == b.b) {  // not a tuple with a list
       for (size_t k = 0; k < a.list->size() && k < b.list->size(); ++k)
         if (!equal((*a.list)[k], (*b.list)[k])) return compare((*a.list)[k], (*b.list)[k], op, pos);
       return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size();
@@ -1725,6 +1730,8 @@ class Evaluator {
         return std::any_of(hay.list->begin(), hay.list->end(),
                            [&](const Value& x) { return equal(x, needle); });
       case Kind::dict:
+        if ((needle.is(Kind::list) && !needle.b) || needle.is(Kind::dict) || needle.is(Kind::ns))
+          fail(pos, fmt::format("unhashable type: '{}'", type_name(needle)));
         return needle.is(Kind::string) && hay.dict->find(needle.s) != nullptr;
       default:
         fail(pos, fmt::format("'in' needs a string, list or dict, not {}", type_name(hay)));
@@ -1764,10 +1771,18 @@ class Evaluator {
             if (m != 0 && ((m < 0) != (y < 0))) --d, m += y;  // Python floors
             return Value::integer(op == Op::mod ? m : d);
           }
-          if (op == Op::floordiv) return Value::real(std::floor(p / q));
-          double m = std::fmod(p, q);
-          if (m != 0 && ((m < 0) != (q < 0))) m += q;
-          return Value::real(m);
+          // CPython's float_divmod, signed zeros included.
+          double m = std::fmod(p, q), div = (p - m) / q;
+          if (m != 0) {
+            if ((q < 0) != (m < 0)) m += q, div -= 1.0;
+          } else {
+            m = std::copysign(0.0, q);
+          }
+          if (op == Op::mod) return Value::real(m);
+          if (div == 0) return Value::real(std::copysign(0.0, p / q));
+          double fd = std::floor(div);
+          if (div - fd > 0.5) fd += 1.0;
+          return Value::real(fd);
         }
         case Op::pow:
           if (ints && y >= 0) {
@@ -1795,10 +1810,10 @@ class Evaluator {
       buf.append(b);
       return buf.take();
     }
-    if (op == Op::add && a.is(Kind::list) && b.is(Kind::list)) {
+    if (op == Op::add && a.is(Kind::list) && b.is(Kind::list) && a.b == b.b) {
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
-      return Value::of_list(std::move(l));
+      return Value::of_list(std::move(l), a.b);
     }
     if (op == Op::mul && (a.is(Kind::string) || a.is(Kind::list)) && b.int_like())
       return repeat(a, b.as_int(), pos);
@@ -1819,7 +1834,7 @@ class Evaluator {
     }
     List l;
     for (int64_t k = 0; k < n; ++k) l.insert(l.end(), v.list->begin(), v.list->end());
-    return Value::of_list(std::move(l));
+    return Value::of_list(std::move(l), v.b);
   }
 
   static bool is_method(const Value& v, std::string_view name) {

@@ -49,7 +49,8 @@ GENERATED_CONTEXT = {"n": 2, "s": "  padded  ", "xs": [3, "q", None], "d": {"j":
 def random_templates(count):
     """Random mixes of text and tags with every whitespace-control mark: the lexer's corner."""
     rng = random.Random(20)
-    texts = ["a", "b", " ", "  ", "\t", "\n", "\n  ", " \n", "x y", "\n\n", "  \n  "]
+    texts = ["a", "b", " ", "  ", "\t", "\n", "\n  ", " \n", "x y", "\n\n", "  \n  ", "\u00a0",
+             "\u3000x\u2003"]
 
     def mark_open():
         return rng.choice(["", "", "-", "+"])
