@@ -10,6 +10,8 @@
 //    Where the weight has a decode layout (gemm_vbmi.cpp), the panels come from it instead: its
 //    32-column panels decode straight into the panel order.
 // bf16 GEMM uses the same kernels with a bf16 decoder and unit scales.
+// Batch invariance (DecodeGemm::invariant, docs/numerics.md §10): fp8 decode shapes take the
+// prefill kernel's per-row order (tiles of fewer rows), bf16 GEMMs of every M the small-M order.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
 // foreach_target re-includes this file per target; the order matters:
@@ -161,33 +163,38 @@ constexpr int kMR = 4;  // 16 vector registers: 8 accumulators
 constexpr int kNV = 2;                // NR = kNV vectors
 constexpr int64_t kNC = kQuantBlock;  // columns per work item: one weight-scale block
 
-// partial[MR][NR] = Σ_kk a[kk][r] · w[kk][c] over klen; a: [klen][MR], w: [klen][NR].
+// partial[MR][NR] = Σ_kk a[kk][r] · w[kk][c] over klen; a: [klen][MR], w: [klen][NR]. Each
+// (row, column) sums its products in K order whatever MR is: the batch-invariant order
+// (docs/numerics.md §10) that the decode-layout kernel follows too.
+template <int MR>
 HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, const float* HWY_RESTRICT w, int64_t klen,
-                            VF (&c)[kMR][kNV]) {
+                            VF (&c)[MR][kNV]) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
-  for (int r = 0; r < kMR; ++r)
+  for (int r = 0; r < MR; ++r)
     for (int v = 0; v < kNV; ++v) c[r][v] = hn::Zero(df);
   for (int64_t kk = 0; kk < klen; ++kk) {
     const VF w0 = hn::Load(df, w + kk * kNV * L);
     const VF w1 = hn::Load(df, w + kk * kNV * L + L);
-    for (int r = 0; r < kMR; ++r) {
-      const VF ar = hn::Set(df, a[kk * kMR + r]);
+    for (int r = 0; r < MR; ++r) {
+      const VF ar = hn::Set(df, a[kk * MR + r]);
       c[r][0] = hn::MulAdd(ar, w0, c[r][0]);
       c[r][1] = hn::MulAdd(ar, w1, c[r][1]);
     }
   }
 }
 
-template <bool kBf16>
+// Rows in tiles of MR (kMR for prefill; M rounded up to 1, 2 or 4, else kMR, for the decode shapes
+// in the batch-invariant mode: the same per-row order with less work on padding rows).
+template <bool kBf16, int MR = kMR>
 void LargeM(const GemmArgs& g) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df)), NR = kNV * L, K = g.k, kbs = num_blocks(K);
-  const int64_t m_tiles = (g.m + kMR - 1) / kMR;
+  const int64_t m_tiles = (g.m + MR - 1) / MR;
   ThreadPool& pool = kernel_pool();
 
-  // Activations decoded and packed once: [m_tile][kb][kk < 128][kMR] f32, rows past M zero.
-  const int64_t panel = kQuantBlock * kMR;
+  // Activations decoded and packed once: [m_tile][kb][kk < 128][MR] f32, rows past M zero.
+  const int64_t panel = kQuantBlock * MR;
   hwy::AlignedFreeUniquePtr<float[]> ap =
       hwy::AllocateAligned<float>(size_t(m_tiles * kbs * panel));
   pool.parallel_for(m_tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -195,13 +202,13 @@ void LargeM(const GemmArgs& g) {
     for (int64_t t = t0; t < t1; ++t) {
       float* dst = ap.get() + t * kbs * panel;
       std::fill(dst, dst + kbs * panel, 0.0f);
-      for (int r = 0; r < kMR; ++r) {
-        const int64_t m = t * kMR + r;
+      for (int r = 0; r < MR; ++r) {
+        const int64_t m = t * MR + r;
         if (m >= g.m) break;
         const size_t esize = kBf16 ? 2 : 1;
         DecodeRow<kBf16>(static_cast<const uint8_t*>(g.a) + size_t(m * K) * esize, row.data(), K);
         for (int64_t kk = 0; kk < K; ++kk)
-          dst[(kk / kQuantBlock) * panel + (kk % kQuantBlock) * kMR + r] = row[size_t(kk)];
+          dst[(kk / kQuantBlock) * panel + (kk % kQuantBlock) * MR + r] = row[size_t(kk)];
       }
     }
   });
@@ -218,14 +225,14 @@ void LargeM(const GemmArgs& g) {
     hwy::AlignedFreeUniquePtr<float[]> wp =
         hwy::AllocateAligned<float>(size_t(n_panels * kQuantBlock * NR));
     hwy::AlignedFreeUniquePtr<float[]> acc =
-        hwy::AllocateAligned<float>(size_t(tiles_per_chunk * kMR * kNC));
+        hwy::AllocateAligned<float>(size_t(tiles_per_chunk * MR * kNC));
     std::vector<float> row(size_t(kQuantBlock) + size_t(L));
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t nb = item % n_blocks, mc = item / n_blocks;
       const int64_t n0 = nb * kNC, nc = std::min(kNC, g.n - n0);
       const int64_t t0 = mc * tiles_per_chunk, t1 = std::min(m_tiles, t0 + tiles_per_chunk);
       if (t0 >= t1) continue;
-      std::fill(acc.get(), acc.get() + (t1 - t0) * kMR * kNC, 0.0f);
+      std::fill(acc.get(), acc.get() + (t1 - t0) * MR * kNC, 0.0f);
       for (int64_t kb = 0; kb < kbs; ++kb) {
         const int64_t k0 = kb * kQuantBlock, klen = std::min(kQuantBlock, K - k0);
         // Pack W[n0:n0+nc, k0:k0+klen] as [panel][kk][NR] f32; columns past nc are zero. From the
@@ -247,16 +254,16 @@ void LargeM(const GemmArgs& g) {
         const float sw = g.w_scales ? g.w_scales[nb * kbs + kb] : 1.0f;
         for (int64_t t = t0; t < t1; ++t) {
           const float* a = ap.get() + (t * kbs + kb) * panel;
-          float sa[kMR];
-          for (int r = 0; r < kMR; ++r) {
-            const int64_t m = t * kMR + r;
+          float sa[MR];
+          for (int r = 0; r < MR; ++r) {
+            const int64_t m = t * MR + r;
             sa[r] = m >= g.m ? 0.0f : (g.a_scales ? g.a_scales[m * kbs + kb] * sw : 1.0f);
           }
           for (int64_t pnl = 0; pnl < n_panels; ++pnl) {
-            VF c[kMR][kNV];
+            VF c[MR][kNV];
             MicroKernel(a, wp.get() + pnl * kQuantBlock * NR, klen, c);
-            float* at = acc.get() + (t - t0) * kMR * kNC + pnl * NR;
-            for (int r = 0; r < kMR; ++r)
+            float* at = acc.get() + (t - t0) * MR * kNC + pnl * NR;
+            for (int r = 0; r < MR; ++r)
               for (int v = 0; v < kNV; ++v) {
                 float* p = at + r * kNC + v * L;
                 hn::StoreU(hn::MulAdd(c[r][v], hn::Set(df, sa[r]), hn::LoadU(df, p)), df, p);
@@ -265,10 +272,10 @@ void LargeM(const GemmArgs& g) {
         }
       }
       for (int64_t t = t0; t < t1; ++t)
-        for (int r = 0; r < kMR; ++r) {
-          const int64_t m = t * kMR + r;
+        for (int r = 0; r < MR; ++r) {
+          const int64_t m = t * MR + r;
           if (m >= g.m) break;
-          const float* at = acc.get() + ((t - t0) * kMR + r) * kNC;
+          const float* at = acc.get() + ((t - t0) * MR + r) * kNC;
           for (int64_t j = 0; j < nc; ++j) Store(g, m, n0 + j, at[j]);
         }
     }
@@ -283,7 +290,35 @@ void Gemm(const GemmArgs& g) {
       for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);
     return;
   }
-  if (g.m <= kSmallM) {
+  if (g.bf16_inputs && small_m_invariant()) {
+    // bf16: every M in the decode kernel's order, 8 rows per pass (bf16 GEMMs are small: the
+    // absorbed attention, the router, the head).
+    for (int64_t r0 = 0; r0 < g.m; r0 += kSmallM) {
+      GemmArgs s = g;
+      s.a = static_cast<const uint16_t*>(g.a) + r0 * g.k;
+      if (g.out) s.out = g.out + r0 * g.n;
+      if (g.out_f32) s.out_f32 = g.out_f32 + r0 * g.n;
+      s.m = std::min(kSmallM, g.m - r0);
+      SmallM<true>(s);
+    }
+    return;
+  }
+  if (g.m <= kSmallM && small_m_invariant()) {
+    const auto rows = [&]<bool kBf16>() {
+      if (g.m == 1)
+        LargeM<kBf16, 1>(g);
+      else if (g.m == 2)
+        LargeM<kBf16, 2>(g);
+      else if (g.m <= 4)
+        LargeM<kBf16, 4>(g);
+      else
+        LargeM<kBf16, kMR>(g);
+    };
+    if (g.bf16_inputs)
+      rows.template operator()<true>();
+    else
+      rows.template operator()<false>();
+  } else if (g.m <= kSmallM) {
     if (g.bf16_inputs)
       SmallM<true>(g);
     else

@@ -32,10 +32,18 @@ bool cpu_has_bf16_dot();
 // says no.
 bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out);
 // Which decode kernel serves m <= kSmallM (the harness and the bench check each of them):
-// automatic = the decode layout where given, else VBMI rows, else Highway; rows = VBMI rows even
-// where a decode layout is given; generic = the Highway kernel. The prefill kernel reads its
-// weight panels from the decode layout only under automatic.
-enum class DecodeGemm { automatic, rows, generic };
+//  - invariant: batch invariant (docs/numerics.md §10): a row's bytes do not depend on M. fp8
+//    rows of every M sum in the prefill kernel's order: M <= kSmallM from the decode layout where
+//    given and the CPU's BF16 dot products add in that order (checked once), else in the prefill
+//    kernel itself. bf16 rows of every M sum in the Highway decode kernel's order (8 rows a pass).
+//  - automatic: invariant under DEEPINFER_BATCH_INVARIANT=on; otherwise the decode layout where
+//    given, else VBMI rows, else Highway (faster where there is no decode layout, and bf16, but a
+//    row of M <= 8 then sums in another order than the same row in a larger call).
+//  - rows = VBMI rows even where a decode layout is given; generic = the Highway kernel.
+// The prefill kernel reads its weight panels from the decode layout under automatic and invariant.
+enum class DecodeGemm { automatic, invariant, rows, generic };
 void set_decode_gemm(DecodeGemm k);
+// Whether m <= kSmallM GEMMs run in the batch-invariant order now (see DecodeGemm).
+bool small_m_invariant();
 
 }  // namespace deepinfer::kernels::cpu

@@ -23,10 +23,17 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
 #include "kernels/registry.h"
+
+namespace deepinfer::kernels::cpu {
+namespace {
+bool batch_invariant_knob() { return knobs().batch_invariant; }
+}  // namespace
+}  // namespace deepinfer::kernels::cpu
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -345,6 +352,33 @@ bool cpu_has_vbmi() {
 
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
+// Whether VDPBF16PS adds a lane's two products to the accumulator one after the other, even K
+// first, each rounded (as an FMA would): then the decode layout kernel sums every column in K
+// order, the prefill kernel's order. acc = 1 and products of half and 3/4 of an ulp of 1 tell that
+// apart from odd first (1 + 2 ulp) and from one rounding of the whole sum (1 + 1 ulp for 1/2 +
+// 1/2).
+// 1 + a0·b0 + a1·b1 in lane 0 of one VDPBF16PS (inputs exact in bf16).
+DI_BF16_TARGET float dot_probe(float a0, float a1, float b0, float b1) {
+  const int ab = int(f32_to_bf16(a0).bits) | (int(f32_to_bf16(a1).bits) << 16);
+  const int bb = int(f32_to_bf16(b0).bits) | (int(f32_to_bf16(b1).bits) << 16);
+  const __m512 r = _mm512_dpbf16_ps(_mm512_set1_ps(1.0f), (__m512bh)_mm512_set1_epi32(ab),
+                                    (__m512bh)_mm512_set1_epi32(bb));
+  alignas(64) float out[16];
+  _mm512_store_ps(out, r);
+  return out[0];
+}
+
+bool probe_dot_order() {
+  const float u = 0x1p-23f;
+  return dot_probe(1.0f, 1.5f, 0x1p-24f, 0x1p-24f) == 1.0f + u &&  // even first: 1, then 1 + u
+         dot_probe(1.0f, 1.0f, 0x1p-24f, 0x1p-24f) == 1.0f;  // each add rounded (ties to even)
+}
+
+bool dot_in_k_order() {
+  static const bool ok = cpu_has_bf16_dot() && probe_dot_order();
+  return ok;
+}
+
 }  // namespace
 
 bool cpu_has_bf16_dot() {
@@ -354,21 +388,32 @@ bool cpu_has_bf16_dot() {
 
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
+bool small_m_invariant() {
+  const DecodeGemm mode = g_decode_gemm;
+  return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());
+}
+
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
   if (g.bf16_inputs || g.m < 1 || g.m > kSmallM || g.k % 128 != 0 || !g.a_scales || !g.w_scales)
     return false;
   const DecodeGemm mode = g_decode_gemm;
   if (mode == DecodeGemm::generic || !cpu_has_vbmi()) return false;
-  if (mode == DecodeGemm::automatic && g.w_decode && cpu_has_bf16_dot())
+  const bool layout = g.w_decode && cpu_has_bf16_dot();
+  if (small_m_invariant()) {
+    if (!layout || !dot_in_k_order()) return false;  // the prefill kernel's own order
     RunDecodeLayout(g);
-  else
+  } else if (mode == DecodeGemm::automatic && layout) {
+    RunDecodeLayout(g);
+  } else {
     Run(g);
+  }
   return true;
 }
 
 bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out) {
+  const DecodeGemm mode = g_decode_gemm;
   if (!g.w_decode || g.bf16_inputs || g.k % 128 != 0 || n0 % kPanel != 0 || !cpu_has_bf16_dot() ||
-      g_decode_gemm != DecodeGemm::automatic)
+      (mode != DecodeGemm::automatic && mode != DecodeGemm::invariant))
     return false;
   if (n0 >= g.n)
     std::fill(out, out + 128 * kPanel, 0.0f);  // past the last panel: zero columns
@@ -404,7 +449,14 @@ namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
 bool cpu_has_bf16_dot() { return false; }
 bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*) { return false; }
-void set_decode_gemm(DecodeGemm) {}
+namespace {
+std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
+}
+void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
+bool small_m_invariant() {
+  const DecodeGemm mode = g_decode_gemm;
+  return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());
+}
 }  // namespace deepinfer::kernels::cpu
 namespace deepinfer::kernels {
 size_t decode_layout_bytes(int64_t, int64_t) { return 0; }
