@@ -77,12 +77,29 @@ struct Fp8GemmCase {
   int64_t n, k;
   bool decode_layout;  // give the weight's decode layout where this CPU has one
   bool f32_out;
+  // Codes drawn uniformly (every exponent, NaN codes excluded): products of very different sizes
+  // in one block, so a block's sum rounds and its order shows. Quantised random values mostly sum
+  // exactly, in any order.
+  bool wide = false;
 };
+
+testing::Fp8Rows wide_rows(int64_t rows, int64_t k, uint64_t seed, bool weight) {
+  testing::Fp8Rows r;
+  r.rows = rows;
+  r.k = k;
+  r.q = testing::random_e4m3(rows * k, seed);
+  for (auto& c : r.q)
+    if ((c.bits & 0x7f) == 0x7f) c.bits ^= 1;  // NaN -> 448
+  r.scales = testing::random_scales((weight ? num_blocks(rows) : rows) * num_blocks(k), seed + 1);
+  return r;
+}
 
 void gemm_fp8_case(const Fp8GemmCase& c) {
   const InvariantGemm mode;
-  const auto a = testing::random_fp8_activations(kPool, c.k, 11);
-  const auto w = testing::random_fp8_weights(c.n, c.k, 12);
+  const auto a = c.wide ? wide_rows(kPool, c.k, 11, false)
+                        : testing::random_fp8_activations(kPool, c.k, 11);
+  const auto w =
+      c.wide ? wide_rows(c.n, c.k, 12, true) : testing::random_fp8_weights(c.n, c.k, 12);
   std::vector<uint8_t> wd(c.decode_layout ? decode_layout_bytes(c.n, c.k) : 0);
   if (!wd.empty()) pack_decode_layout(w.q.data(), c.n, c.k, wd.data());
   const int64_t kbs = num_blocks(c.k);
@@ -114,22 +131,25 @@ void gemm_fp8_case(const Fp8GemmCase& c) {
         return rows;
       },
       "gemm_fp8 n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-          (wd.empty() ? "" : " decode layout") + (c.f32_out ? " f32" : ""));
+          (wd.empty() ? "" : " decode layout") + (c.f32_out ? " f32" : "") +
+          (c.wide ? " wide" : ""));
 }
 
 TEST(BatchInvariance, GemmFp8DecodeLayout) {
   if (decode_layout_bytes(256, 512) == 0) GTEST_SKIP() << "no decode layout on this CPU";
   gemm_fp8_case({.n = 288, .k = 512, .decode_layout = true, .f32_out = false});
   gemm_fp8_case({.n = 200, .k = 256, .decode_layout = true, .f32_out = true});
+  gemm_fp8_case({.n = 200, .k = 384, .decode_layout = true, .f32_out = true, .wide = true});
 }
 
 TEST(BatchInvariance, GemmFp8RowLayout) {
   gemm_fp8_case({.n = 288, .k = 512, .decode_layout = false, .f32_out = false});
   gemm_fp8_case({.n = 200, .k = 256, .decode_layout = false, .f32_out = true});
+  gemm_fp8_case({.n = 200, .k = 384, .decode_layout = false, .f32_out = true, .wide = true});
 }
 
 TEST(BatchInvariance, GemmFp8KEdge) {  // k % 128 != 0: the generic kernels' zero-padded edges
-  gemm_fp8_case({.n = 130, .k = 300, .decode_layout = false, .f32_out = true});
+  gemm_fp8_case({.n = 130, .k = 300, .decode_layout = false, .f32_out = true, .wide = true});
 }
 
 TEST(BatchInvariance, GemmFp8GroupedContiguous) {

@@ -192,6 +192,8 @@ void LargeM(const GemmArgs& g) {
   const int64_t L = int64_t(hn::Lanes(df)), NR = kNV * L, K = g.k, kbs = num_blocks(K);
   const int64_t m_tiles = (g.m + MR - 1) / MR;
   ThreadPool& pool = kernel_pool();
+  // K order within a block: kk, or kk ^ 1 (pairs swapped) to match the decode layout kernel.
+  const int64_t sx = invariant_pairs_swapped(g) ? 1 : 0;
 
   // Activations decoded and packed once: [m_tile][kb][kk < 128][MR] f32, rows past M zero.
   const int64_t panel = kQuantBlock * MR;
@@ -208,7 +210,7 @@ void LargeM(const GemmArgs& g) {
         const size_t esize = kBf16 ? 2 : 1;
         DecodeRow<kBf16>(static_cast<const uint8_t*>(g.a) + size_t(m * K) * esize, row.data(), K);
         for (int64_t kk = 0; kk < K; ++kk)
-          dst[(kk / kQuantBlock) * panel + (kk % kQuantBlock) * MR + r] = row[size_t(kk)];
+          dst[(kk / kQuantBlock) * panel + ((kk % kQuantBlock) ^ sx) * MR + r] = row[size_t(kk)];
       }
     }
   });
@@ -240,7 +242,7 @@ void LargeM(const GemmArgs& g) {
         bool from_decode_layout = NR == 32;
         for (int64_t pnl = 0; pnl < n_panels && from_decode_layout; ++pnl)
           from_decode_layout =
-              decode_layout_f32_panel(g, n0 + pnl * NR, kb, wp.get() + pnl * kQuantBlock * NR);
+              decode_layout_f32_panel(g, n0 + pnl * NR, kb, wp.get() + pnl * kQuantBlock * NR, sx);
         if (!from_decode_layout) {
           std::fill(wp.get(), wp.get() + n_panels * kQuantBlock * NR, 0.0f);
           const size_t esize = kBf16 ? 2 : 1;
@@ -248,7 +250,7 @@ void LargeM(const GemmArgs& g) {
             DecodeRow<kBf16>(static_cast<const uint8_t*>(g.w) + size_t((n0 + j) * K + k0) * esize,
                              row.data(), klen);
             float* dst = wp.get() + (j / NR) * kQuantBlock * NR + (j % NR);
-            for (int64_t kk = 0; kk < klen; ++kk) dst[kk * NR] = row[size_t(kk)];
+            for (int64_t kk = 0; kk < klen; ++kk) dst[(kk ^ sx) * NR] = row[size_t(kk)];
           }
         }
         const float sw = g.w_scales ? g.w_scales[nb * kbs + kb] : 1.0f;

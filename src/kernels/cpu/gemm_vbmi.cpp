@@ -289,20 +289,23 @@ DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p
 // The prefill kernel's f32 weight panel [kk < 128][32] for one decode-layout panel and one K block:
 // a lane of b0 holds K (4c, 4c+1) of its column as a bf16 pair, so the even K is the pair shifted
 // up and the odd one the pair masked (both exact f32).
-DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, float* out) {
+DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, float* out,
+                               bool swap_pairs) {
   const Decoder dec;
   const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+  const int64_t ev = swap_pairs ? kPanel : 0, od = swap_pairs ? 0 : kPanel;  // rows of K 2i, 2i+1
   for (int64_t g = 0; g < 2; ++g) {
     const uint8_t* p = panel + size_t(g * (k / 4) * 64) + size_t(kb * 32 * 64);
     for (int64_t c = 0; c < 32; ++c, p += 64) {
       __m512i b0, b1;
       dec.decode_bf16(p, b0, b1);
       float* o = out + (4 * c) * kPanel + g * 16;
-      _mm512_store_ps(o, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b0, 16)));
-      _mm512_store_ps(o + kPanel, _mm512_castsi512_ps(_mm512_and_si512(b0, high)));
-      _mm512_store_ps(o + 2 * kPanel,
+      _mm512_store_ps(o + ev,
+                      _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b0, 16)));
+      _mm512_store_ps(o + od, _mm512_castsi512_ps(_mm512_and_si512(b0, high)));
+      _mm512_store_ps(o + 2 * kPanel + ev,
                       _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b1, 16)));
-      _mm512_store_ps(o + 3 * kPanel, _mm512_castsi512_ps(_mm512_and_si512(b1, high)));
+      _mm512_store_ps(o + 2 * kPanel + od, _mm512_castsi512_ps(_mm512_and_si512(b1, high)));
     }
   }
 }
@@ -352,11 +355,12 @@ bool cpu_has_vbmi() {
 
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
-// Whether VDPBF16PS adds a lane's two products to the accumulator one after the other, even K
-// first, each rounded (as an FMA would): then the decode layout kernel sums every column in K
-// order, the prefill kernel's order. acc = 1 and products of half and 3/4 of an ulp of 1 tell that
-// apart from odd first (1 + 2 ulp) and from one rounding of the whole sum (1 + 1 ulp for 1/2 +
-// 1/2).
+// How VDPBF16PS adds a lane's two products (a bf16 pair of K, 2i and 2i + 1) to its accumulator:
+// one after the other, each rounded as an FMA would (even K first, or odd K first: both seen in
+// the wild), or otherwise. Probed once with acc = 1 and products of 1/2 and 3/4 of an ulp of 1:
+// even first gives 1 + 1 ulp, odd first 1 + 2 ulp; 1/2 + 1/2 ulp gives 1 only if each add rounds.
+enum class DotOrder { none, even_first, odd_first, other };
+
 // 1 + a0·b0 + a1·b1 in lane 0 of one VDPBF16PS (inputs exact in bf16).
 DI_BF16_TARGET float dot_probe(float a0, float a1, float b0, float b1) {
   const int ab = int(f32_to_bf16(a0).bits) | (int(f32_to_bf16(a1).bits) << 16);
@@ -368,15 +372,17 @@ DI_BF16_TARGET float dot_probe(float a0, float a1, float b0, float b1) {
   return out[0];
 }
 
-bool probe_dot_order() {
-  const float u = 0x1p-23f;
-  return dot_probe(1.0f, 1.5f, 0x1p-24f, 0x1p-24f) == 1.0f + u &&  // even first: 1, then 1 + u
-         dot_probe(1.0f, 1.0f, 0x1p-24f, 0x1p-24f) == 1.0f;  // each add rounded (ties to even)
-}
-
-bool dot_in_k_order() {
-  static const bool ok = cpu_has_bf16_dot() && probe_dot_order();
-  return ok;
+DotOrder dot_order() {
+  static const DotOrder order = [] {
+    if (!cpu_has_bf16_dot()) return DotOrder::none;
+    const float u = 0x1p-23f;
+    if (dot_probe(1.0f, 1.0f, 0x1p-24f, 0x1p-24f) != 1.0f) return DotOrder::other;
+    const float r = dot_probe(1.0f, 1.5f, 0x1p-24f, 0x1p-24f);
+    return r == 1.0f + u       ? DotOrder::even_first
+           : r == 1.0f + 2 * u ? DotOrder::odd_first
+                               : DotOrder::other;
+  }();
+  return order;
 }
 
 }  // namespace
@@ -400,8 +406,10 @@ bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
   if (mode == DecodeGemm::generic || !cpu_has_vbmi()) return false;
   const bool layout = g.w_decode && cpu_has_bf16_dot();
   if (small_m_invariant()) {
-    if (!layout || !dot_in_k_order()) return false;  // the prefill kernel's own order
-    RunDecodeLayout(g);
+    const DotOrder order = dot_order();
+    if (!layout || (order != DotOrder::even_first && order != DotOrder::odd_first))
+      return false;      // the prefill kernel itself
+    RunDecodeLayout(g);  // the prefill kernel's order (invariant_pairs_swapped)
   } else if (mode == DecodeGemm::automatic && layout) {
     RunDecodeLayout(g);
   } else {
@@ -410,7 +418,13 @@ bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
   return true;
 }
 
-bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out) {
+bool invariant_pairs_swapped(const GemmArgs& g) {
+  return !g.bf16_inputs && g.k % 128 == 0 && dot_order() == DotOrder::odd_first &&
+         small_m_invariant();
+}
+
+bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out,
+                             bool swap_pairs) {
   const DecodeGemm mode = g_decode_gemm;
   if (!g.w_decode || g.bf16_inputs || g.k % 128 != 0 || n0 % kPanel != 0 || !cpu_has_bf16_dot() ||
       (mode != DecodeGemm::automatic && mode != DecodeGemm::invariant))
@@ -418,7 +432,7 @@ bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* o
   if (n0 >= g.n)
     std::fill(out, out + 128 * kPanel, 0.0f);  // past the last panel: zero columns
   else
-    PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out);
+    PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out, swap_pairs);
   return true;
 }
 
@@ -448,7 +462,8 @@ void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
 namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
 bool cpu_has_bf16_dot() { return false; }
-bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*) { return false; }
+bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*, bool) { return false; }
+bool invariant_pairs_swapped(const GemmArgs&) { return false; }
 namespace {
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 }
