@@ -153,6 +153,59 @@ void SmallM(const GemmArgs& g) {
   kernel_pool().parallel_for(g.n, grain, body);
 }
 
+// Any M in the small-M order (the batch-invariant bf16 GEMM): rows in chunks of kSmallM, one task
+// per (chunk, column range), activations decoded once.
+template <bool kBf16>
+void SmallMAll(const GemmArgs& g) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  std::vector<float> af(size_t(g.m * g.k + L), 0.0f);
+  DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
+  const int64_t chunks = (g.m + kSmallM - 1) / kSmallM;
+  const int64_t threads = kernel_pool().num_threads();
+  const int64_t grain = std::max<int64_t>(16, g.n / (4 * threads));
+  const int64_t col_tasks = (g.n + grain - 1) / grain;
+  const int64_t kbs = num_blocks(g.k);
+  kernel_pool().parallel_for(chunks * col_tasks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r0 = (i / col_tasks) * kSmallM, j0 = (i % col_tasks) * grain;
+      const int64_t j1 = std::min(g.n, j0 + grain);
+      GemmArgs s = g;
+      s.m = std::min(kSmallM, g.m - r0);
+      if (g.out) s.out = g.out + r0 * g.n;
+      if (g.out_f32) s.out_f32 = g.out_f32 + r0 * g.n;
+      if (g.a_scales) s.a_scales = g.a_scales + r0 * kbs;
+      const float* a = af.data() + r0 * g.k;
+      switch (s.m) {
+        case 1:
+          SmallMRange<1, kBf16>(s, a, j0, j1);
+          break;
+        case 2:
+          SmallMRange<2, kBf16>(s, a, j0, j1);
+          break;
+        case 3:
+          SmallMRange<3, kBf16>(s, a, j0, j1);
+          break;
+        case 4:
+          SmallMRange<4, kBf16>(s, a, j0, j1);
+          break;
+        case 5:
+          SmallMRange<5, kBf16>(s, a, j0, j1);
+          break;
+        case 6:
+          SmallMRange<6, kBf16>(s, a, j0, j1);
+          break;
+        case 7:
+          SmallMRange<7, kBf16>(s, a, j0, j1);
+          break;
+        default:
+          SmallMRange<8, kBf16>(s, a, j0, j1);
+          break;
+      }
+    }
+  });
+}
+
 // ---- large M: packed panels and an MR×NR microkernel -------------------------------------------
 
 #if HWY_TARGET <= HWY_AVX3
@@ -293,16 +346,7 @@ void Gemm(const GemmArgs& g) {
     return;
   }
   if (g.bf16_inputs && small_m_invariant()) {
-    // bf16: every M in the decode kernel's order, 8 rows per pass (bf16 GEMMs are small: the
-    // absorbed attention, the router, the head).
-    for (int64_t r0 = 0; r0 < g.m; r0 += kSmallM) {
-      GemmArgs s = g;
-      s.a = static_cast<const uint16_t*>(g.a) + r0 * g.k;
-      if (g.out) s.out = g.out + r0 * g.n;
-      if (g.out_f32) s.out_f32 = g.out_f32 + r0 * g.n;
-      s.m = std::min(kSmallM, g.m - r0);
-      SmallM<true>(s);
-    }
+    SmallMAll<true>(g);
     return;
   }
   if (g.m <= kSmallM && small_m_invariant()) {
