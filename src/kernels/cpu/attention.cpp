@@ -97,7 +97,9 @@ struct AttnJob {
 inline void merge_segments(const AttnJob& job, int64_t j0, int64_t R, int64_t nseg,
                            const float* part_o, const float* part_lse) {
   const int64_t Dv = job.Dv;
-  std::vector<float> w(static_cast<size_t>(nseg));
+  thread_local std::vector<float> w, v;
+  w.resize(static_cast<size_t>(nseg));
+  v.resize(static_cast<size_t>(Dv));
   for (int64_t r = 0; r < R; ++r) {
     const float* lse_r = part_lse + r * nseg;
     const float* o_r = part_o + r * nseg * Dv;
@@ -111,11 +113,13 @@ inline void merge_segments(const AttnJob& job, int64_t j0, int64_t R, int64_t ns
     }
     float wsum = 0.0f;
     for (int64_t k = 0; k < nseg; ++k) wsum += (w[size_t(k)] = std::exp(lse_r[k] - mx));
-    for (int64_t c = 0; c < Dv; ++c) {
-      float v = 0.0f;
-      for (int64_t k = 0; k < nseg; ++k) v += w[size_t(k)] * o_r[k * Dv + c];
-      o[c] = f32_to_bf16(v / wsum);
+    std::fill(v.begin(), v.end(), 0.0f);
+    for (int64_t k = 0; k < nseg; ++k) {  // per channel: segments in order
+      const float wk = w[size_t(k)];
+      const float* ok = o_r + k * Dv;
+      for (int64_t c = 0; c < Dv; ++c) v[size_t(c)] += wk * ok[c];
     }
+    for (int64_t c = 0; c < Dv; ++c) o[c] = f32_to_bf16(v[size_t(c)] / wsum);
     if (job.lse) job.lse[job.lse_index(j0 + r)] = mx + std::log(wsum);
   }
 }
@@ -491,11 +495,21 @@ void run_problems(const std::vector<SeqProblem>& seqs) {
   pool.parallel_for(int64_t(jobs.size()), 1, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) HWY_DYNAMIC_DISPATCH(run_attn_job)(jobs[size_t(i)]);
   });
-  pool.parallel_for(int64_t(parts.size()), 1, [&](int64_t a, int64_t b) {
-    for (int64_t pi = a; pi < b; ++pi) {
-      const PartRef& pr = parts[size_t(pi)];
+  // Merge row by row over the pool (a decode step may have one row block).
+  std::vector<int64_t> row_start(parts.size() + 1, 0);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const AttnJob& first = jobs[parts[i].first_job];
+    row_start[i + 1] = row_start[i] + (first.j1 - first.j0);
+  }
+  pool.parallel_for(row_start.back(), 1, [&](int64_t a, int64_t b) {
+    for (int64_t x = a; x < b; ++x) {
+      const size_t pi =
+          size_t(std::upper_bound(row_start.begin(), row_start.end(), x) - row_start.begin() - 1);
+      const PartRef& pr = parts[pi];
       const AttnJob& first = jobs[pr.first_job];
-      merge_segments(first, first.j0, first.j1 - first.j0, pr.nseg, first.part_o, first.part_lse);
+      const int64_t r = x - row_start[pi];
+      merge_segments(first, first.j0 + r, 1, pr.nseg, first.part_o + r * pr.nseg * first.Dv,
+                     first.part_lse + r * pr.nseg);
     }
   });
 }
