@@ -43,10 +43,9 @@ constexpr std::array<KnobDoc, 16> kKnobDocs{{
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
      "decode and prefill GEMMs read"},
     {"DEEPINFER_BATCH_INVARIANT", "on, off", "off",
-     "cpu kernels: decode GEMMs (M <= 8 rows) sum every row in the prefill GEMM's order, so a "
-     "request's tokens do not depend on what shares its batch (docs/numerics.md §10); off keeps "
-     "the "
-     "faster streaming kernels for bf16 weights and fp8 weights without the decode layout"},
+     "cpu kernels: GEMMs sum a row in one order for every M, so a request's tokens do not depend "
+     "on what shares its batch or how its prompt is chunked (docs/numerics.md §10); off: decode "
+     "(M <= 8) and prefill GEMMs sum in different orders"},
     {"DEEPINFER_THREADS", "integer >= 0", "0",
      "kernel (and EP combine) threads per process, split between local rank threads; 0 = all "
      "hardware threads (mpi: / ranks on the host)"},

@@ -11,7 +11,8 @@
 //    32-column panels decode straight into the panel order.
 // bf16 GEMM uses the same kernels with a bf16 decoder and unit scales.
 // Batch invariance (DecodeGemm::invariant, docs/numerics.md §10): fp8 decode shapes take the
-// prefill kernel's per-row order (tiles of fewer rows), bf16 GEMMs of every M the small-M order.
+// prefill kernel's per-row order (the decode layout kernel, or tiles of fewer rows), bf16 GEMMs
+// of every M the small-M order.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
 // foreach_target re-includes this file per target; the order matters:
@@ -217,8 +218,8 @@ constexpr int kNV = 2;                // NR = kNV vectors
 constexpr int64_t kNC = kQuantBlock;  // columns per work item: one weight-scale block
 
 // partial[MR][NR] = Σ_kk a[kk][r] · w[kk][c] over klen; a: [klen][MR], w: [klen][NR]. Each
-// (row, column) sums its products in K order whatever MR is: the batch-invariant order
-// (docs/numerics.md §10) that the decode-layout kernel follows too.
+// (row, column) sums its products in panel order whatever MR is (K order, or K pairs swapped to
+// match the decode layout kernel: invariant_pairs_swapped; docs/numerics.md §10).
 template <int MR>
 HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, const float* HWY_RESTRICT w, int64_t klen,
                             VF (&c)[MR][kNV]) {
