@@ -350,21 +350,15 @@ void Gemm(const GemmArgs& g) {
     SmallMAll<true>(g);
     return;
   }
-  if (g.m <= kSmallM && small_m_invariant()) {
-    const auto rows = [&]<bool kBf16>() {
-      if (g.m == 1)
-        LargeM<kBf16, 1>(g);
-      else if (g.m == 2)
-        LargeM<kBf16, 2>(g);
-      else if (g.m <= 4)
-        LargeM<kBf16, 4>(g);
-      else
-        LargeM<kBf16, kMR>(g);
-    };
-    if (g.bf16_inputs)
-      rows.template operator()<true>();
+  if (g.m <= kSmallM && small_m_invariant()) {  // fp8 without a usable decode layout
+    if (g.m == 1)
+      LargeM<false, 1>(g);
+    else if (g.m == 2)
+      LargeM<false, 2>(g);
+    else if (g.m <= 4)
+      LargeM<false, 4>(g);
     else
-      rows.template operator()<false>();
+      LargeM<false, kMR>(g);
   } else if (g.m <= kSmallM) {
     if (g.bf16_inputs)
       SmallM<true>(g);
