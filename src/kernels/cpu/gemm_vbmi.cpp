@@ -356,9 +356,10 @@ bool cpu_has_vbmi() {
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
 // How VDPBF16PS adds a lane's two products (a bf16 pair of K, 2i and 2i + 1) to its accumulator:
-// one after the other, each rounded as an FMA would (even K first, or odd K first: both seen in
-// the wild), or otherwise. Probed once with acc = 1 and products of 1/2 and 3/4 of an ulp of 1:
-// even first gives 1 + 1 ulp, odd first 1 + 2 ulp; 1/2 + 1/2 ulp gives 1 only if each add rounds.
+// one after the other, each rounded as an FMA would (odd K first, as Intel's manual writes it and
+// the CI EPYC does; or even K first), or otherwise. Probed once with acc = 1 and products of 1/2
+// and 3/4 of an ulp of 1: even first gives 1 + 1 ulp, odd first 1 + 2 ulp; 1/2 + 1/2 ulp gives 1
+// only if each add rounds.
 enum class DotOrder { none, even_first, odd_first, other };
 
 // 1 + a0·b0 + a1·b1 in lane 0 of one VDPBF16PS (inputs exact in bf16).
