@@ -96,10 +96,9 @@ testing::Fp8Rows wide_rows(int64_t rows, int64_t k, uint64_t seed, bool weight) 
 
 void gemm_fp8_case(const Fp8GemmCase& c) {
   const InvariantGemm mode;
-  const auto a = c.wide ? wide_rows(kPool, c.k, 11, false)
-                        : testing::random_fp8_activations(kPool, c.k, 11);
-  const auto w =
-      c.wide ? wide_rows(c.n, c.k, 12, true) : testing::random_fp8_weights(c.n, c.k, 12);
+  const auto a =
+      c.wide ? wide_rows(kPool, c.k, 11, false) : testing::random_fp8_activations(kPool, c.k, 11);
+  const auto w = c.wide ? wide_rows(c.n, c.k, 12, true) : testing::random_fp8_weights(c.n, c.k, 12);
   std::vector<uint8_t> wd(c.decode_layout ? decode_layout_bytes(c.n, c.k) : 0);
   if (!wd.empty()) pack_decode_layout(w.q.data(), c.n, c.k, wd.data());
   const int64_t kbs = num_blocks(c.k);
