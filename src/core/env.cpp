@@ -19,7 +19,7 @@ namespace deepinfer {
 namespace {
 
 // The single table of knobs: the parser, the unknown-name check and the docs all read it.
-constexpr std::array<KnobDoc, 15> kKnobDocs{{
+constexpr std::array<KnobDoc, 16> kKnobDocs{{
     {"DEEPINFER_COMM", "local, mpi", "local",
      "collective backend: `local` = one thread per rank, `mpi` = one process per rank (mpirun)"},
     {"DEEPINFER_COMM_TIMEOUT_S", "number > 0", "60",
@@ -42,6 +42,10 @@ constexpr std::array<KnobDoc, 15> kKnobDocs{{
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
      "decode and prefill GEMMs read"},
+    {"DEEPINFER_BATCH_INVARIANT", "on, off", "off",
+     "cpu kernels: GEMMs sum a row in one order for every M, so a request's tokens do not depend "
+     "on what shares its batch or how its prompt is chunked (docs/numerics.md §10); off: decode "
+     "(M <= 8) and prefill GEMMs sum in different orders"},
     {"DEEPINFER_THREADS", "integer >= 0", "0",
      "kernel (and EP combine) threads per process, split between local rank threads; 0 = all "
      "hardware threads (mpi: / ranks on the host)"},
@@ -174,6 +178,8 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
   if (auto v = get("DEEPINFER_KERNELS")) k.kernels = parse_choice("DEEPINFER_KERNELS", *v);
   if (auto v = get("DEEPINFER_DECODE_LAYOUT"))
     k.decode_layout = parse_on_off("DEEPINFER_DECODE_LAYOUT", *v);
+  if (auto v = get("DEEPINFER_BATCH_INVARIANT"))
+    k.batch_invariant = parse_on_off("DEEPINFER_BATCH_INVARIANT", *v);
   if (auto v = get("DEEPINFER_THREADS")) {
     if (v->find_first_not_of("0123456789") != std::string::npos) invalid("DEEPINFER_THREADS", *v);
     const uint64_t t = parse_size("DEEPINFER_THREADS", *v);

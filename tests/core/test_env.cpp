@@ -47,6 +47,8 @@ TEST(Env, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(k.decode_layout);
   EXPECT_FALSE(parse({{"DEEPINFER_DECODE_LAYOUT", "off"}}).decode_layout);
   EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
+  EXPECT_FALSE(k.batch_invariant);
+  EXPECT_TRUE(parse({{"DEEPINFER_BATCH_INVARIANT", "on"}}).batch_invariant);
   EXPECT_EQ(k.ep_peer_memory, "auto");
   EXPECT_EQ(k.fault, "");
   EXPECT_EQ(k.capabilities_file, "");
@@ -70,6 +72,7 @@ TEST(Env, DocumentedDefaultsAreTheParsersDefaults) {
       {"DEEPINFER_KERNELS", k.kernels},
       {"DEEPINFER_LOG", k.log_level},
       {"DEEPINFER_DECODE_LAYOUT", k.decode_layout ? "on" : "off"},
+      {"DEEPINFER_BATCH_INVARIANT", k.batch_invariant ? "on" : "off"},
       {"DEEPINFER_PIN_RANKS", k.pin_ranks ? "on" : "off"}};
   for (const KnobDoc& d : knob_docs()) {
     if (!got.count(d.name)) continue;
@@ -88,6 +91,7 @@ TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
       {"DEEPINFER_EP_PEER_MEMORY", {"auto", "on", "off"}},
       {"DEEPINFER_KERNELS", {"host", "cpu"}},
       {"DEEPINFER_DECODE_LAYOUT", {"on", "off"}},
+      {"DEEPINFER_BATCH_INVARIANT", {"on", "off"}},
       {"DEEPINFER_PIN_RANKS", {"on", "off"}},
       {"DEEPINFER_LOG", {"debug", "info", "warn", "error"}},
   };
@@ -203,7 +207,7 @@ TEST(Env, KnobDocsListExactlyTheKnobsTheParserReads) {
     EXPECT_NE(std::string(d.meaning), "") << d.name;
   }
   EXPECT_EQ(read, documented);
-  EXPECT_EQ(documented.size(), 15u);
+  EXPECT_EQ(documented.size(), 16u);
 }
 
 TEST(Env, UnknownDeepinferVariablesAreRejected) {

@@ -1,8 +1,12 @@
 // cpu: MLA attention. One tiled online-softmax kernel (flash-attention style, fp32) serves all
 // three entry points: a job is (query rows that share their keys, key range); keys come in tiles
 // of 64 rows converted to fp32 once per tile and reused by every row of the job (all heads in the
-// absorbed form: MQA). Long key ranges are split across threads and merged by LSE (FlashMLA's
-// split-KV). Highway SIMD for q.k (4 rows x 2 keys per step) and P.V (4 rows per step).
+// absorbed form: MQA). Highway SIMD for q.k (4 rows x 2 keys per step) and P.V (4 rows per step).
+// Batch invariance (docs/numerics.md §10): a row's keys are cut into fixed segments of kSegKeys;
+// each segment runs its own online softmax and the segments are merged by LSE in order, always
+// the same way, whether one job runs them all (prefill) or jobs split them across threads
+// (FlashMLA's split-KV, for decode). So a query's output does not depend on how many rows, chunks
+// or sequences share the call, nor on the thread count.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cpp"
 // foreach_target re-includes this file per target; the order matters:
@@ -27,6 +31,11 @@ namespace deepinfer::kernels::cpu {
 
 constexpr int64_t kKeyTile = 64;   // keys per tile
 constexpr int64_t kRowBlock = 16;  // query rows per job
+constexpr int64_t kSegKeys = 512;  // keys per softmax segment (whole tiles)
+static_assert(kSegKeys % kKeyTile == 0);
+inline int64_t num_segments(int64_t n_k) {
+  return std::max<int64_t>(1, (n_k + kSegKeys - 1) / kSegKeys);
+}
 
 // Where the keys of one job live. Key t is row t of the sequence: paged (pages != nullptr) or
 // contiguous. Values: the first Dv channels of the key row (shared_kv) or their own rows.
@@ -65,8 +74,9 @@ struct AttnJob {
   int64_t o_stride = 0;
   float* lse = nullptr;
   int64_t lse_base = 0, lse_head_stride = 0, lse_query_stride = 0;
-  // Partial output (splits > 1): row j - j0 -> part_o [rows, Dv] f32 (normalised), part_lse (-inf:
-  // none).
+  // Split jobs (several jobs per row block; kb, ke on segment edges): row j - j0, segment s ->
+  // part_o [rows, segments, Dv] f32 (normalised), part_lse [rows, segments] (-inf: none visible),
+  // merged by merge_segments once every job of the row block is done.
   float* part_o = nullptr;
   float* part_lse = nullptr;
 
@@ -79,6 +89,40 @@ struct AttnJob {
            (j / rows_per_query) * lse_query_stride;
   }
 };
+
+// Rows [j0, j0 + R) of the job's sequence from their per-segment partials (o_s normalised, lse_s):
+// o = sum_s exp(lse_s - mx) o_s / sum_s exp(lse_s - mx), lse = mx + ln(that sum), segments in
+// order; nothing visible -> o = 0, lse = +inf. One definition (baseline code, no per-target
+// variant): every job, split or not, merges with the same roundings.
+inline void merge_segments(const AttnJob& job, int64_t j0, int64_t R, int64_t nseg,
+                           const float* part_o, const float* part_lse) {
+  const int64_t Dv = job.Dv;
+  thread_local std::vector<float> w, v;
+  w.resize(static_cast<size_t>(nseg));
+  v.resize(static_cast<size_t>(Dv));
+  for (int64_t r = 0; r < R; ++r) {
+    const float* lse_r = part_lse + r * nseg;
+    const float* o_r = part_o + r * nseg * Dv;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t k = 0; k < nseg; ++k) mx = std::max(mx, lse_r[k]);
+    bf16* o = job.o + (j0 + r) * job.o_stride;
+    if (mx == -std::numeric_limits<float>::infinity()) {
+      for (int64_t c = 0; c < Dv; ++c) o[c] = bf16{0};
+      if (job.lse) job.lse[job.lse_index(j0 + r)] = std::numeric_limits<float>::infinity();
+      continue;
+    }
+    float wsum = 0.0f;
+    for (int64_t k = 0; k < nseg; ++k) wsum += (w[size_t(k)] = std::exp(lse_r[k] - mx));
+    std::fill(v.begin(), v.end(), 0.0f);
+    for (int64_t k = 0; k < nseg; ++k) {  // per channel: segments in order
+      const float wk = w[size_t(k)];
+      const float* ok = o_r + k * Dv;
+      for (int64_t c = 0; c < Dv; ++c) v[size_t(c)] += wk * ok[c];
+    }
+    for (int64_t c = 0; c < Dv; ++c) o[c] = f32_to_bf16(v[size_t(c)] / wsum);
+    if (job.lse) job.lse[job.lse_index(j0 + r)] = mx + std::log(wsum);
+  }
+}
 
 }  // namespace deepinfer::kernels::cpu
 #endif  // DEEPINFER_KERNELS_CPU_ATTENTION_TYPES_
@@ -276,15 +320,15 @@ void run_attn_job(const AttnJob& job) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   // Per-thread scratch, reused across calls: fresh large buffers would cost a page fault per 4 KiB
   // on every call, each expensive on a VM (docs/performance.md §6).
-  thread_local std::vector<float> qf, kf, vf, s, acc, m, l;
+  thread_local std::vector<float> qf, kf, vf, s, acc, m, l, seg_o, seg_lse;
   thread_local std::vector<int64_t> vis;
   qf.resize(static_cast<size_t>(R * D));
   kf.resize(static_cast<size_t>(kKeyTile * D));
   vf.resize(job.keys.shared_kv ? 0 : static_cast<size_t>(kKeyTile * Dv));
   s.resize(static_cast<size_t>(R * kKeyTile));
-  acc.assign(static_cast<size_t>(R * Dv), 0.0f);
-  m.assign(static_cast<size_t>(R), neg_inf);
-  l.assign(static_cast<size_t>(R), 0.0f);
+  acc.resize(static_cast<size_t>(R * Dv));
+  m.resize(static_cast<size_t>(R));
+  l.resize(static_cast<size_t>(R));
   vis.resize(static_cast<size_t>(R));
   int64_t max_vis = 0;
   for (int64_t r = 0; r < R; ++r) {
@@ -292,72 +336,93 @@ void run_attn_job(const AttnJob& job) {
     vis[size_t(r)] = std::min(job.visible(job.j0 + r), job.ke);
     max_vis = std::max(max_vis, vis[size_t(r)]);
   }
-  for (int64_t k0 = job.kb; k0 < std::min(job.ke, max_vis); k0 += kKeyTile) {
-    const int64_t nt = std::min({kKeyTile, job.ke - k0, max_vis - k0});
-    for (int64_t t = 0; t < nt; ++t) {
-      bf16_row_to_f32(df, job.keys.key(k0 + t), D, kf.data() + t * D);
-      if (!job.keys.shared_kv) bf16_row_to_f32(df, job.keys.val(k0 + t), Dv, vf.data() + t * Dv);
+  // Segments [sg0, sg1) of the sequence's nseg; one segment in all: the output directly.
+  const int64_t nseg = num_segments(job.n_k);
+  const int64_t sg0 = job.kb / kSegKeys,
+                sg1 = std::max(sg0 + 1, (job.ke + kSegKeys - 1) / kSegKeys);
+  float* part_o = job.part_o;
+  float* part_lse = job.part_lse;
+  if (nseg > 1 && !part_o) {  // this job holds every segment: merge them itself
+    seg_o.resize(static_cast<size_t>(R * nseg * Dv));
+    seg_lse.resize(static_cast<size_t>(R * nseg));
+    part_o = seg_o.data();
+    part_lse = seg_lse.data();
+  }
+  for (int64_t sg = sg0; sg < sg1; ++sg) {
+    const int64_t kb = sg * kSegKeys, ke = std::min(job.ke, kb + kSegKeys);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    std::fill(m.begin(), m.end(), neg_inf);
+    std::fill(l.begin(), l.end(), 0.0f);
+    for (int64_t k0 = kb; k0 < std::min(ke, max_vis); k0 += kKeyTile) {
+      const int64_t nt = std::min({kKeyTile, ke - k0, max_vis - k0});
+      for (int64_t t = 0; t < nt; ++t) {
+        bf16_row_to_f32(df, job.keys.key(k0 + t), D, kf.data() + t * D);
+        if (!job.keys.shared_kv) bf16_row_to_f32(df, job.keys.val(k0 + t), Dv, vf.data() + t * Dv);
+      }
+      scores_tile(df, qf.data(), R, kf.data(), nt, D, s.data(), kKeyTile);
+      for (int64_t r = 0; r < R; ++r) {
+        float* sr = s.data() + r * kKeyTile;
+        const int64_t n_vis = std::clamp<int64_t>(vis[size_t(r)] - k0, 0, nt);
+        if (n_vis == 0) {
+          std::fill(sr, sr + nt, 0.0f);
+          continue;
+        }
+        const int64_t NL = int64_t(hn::Lanes(df)), nv = n_vis / NL * NL;
+        const auto vscale = hn::Set(df, job.scale);
+        auto vmax = hn::Set(df, neg_inf);
+        for (int64_t t = 0; t < nv; t += NL) {
+          const auto x = hn::Mul(hn::LoadU(df, sr + t), vscale);
+          hn::StoreU(x, df, sr + t);
+          vmax = hn::Max(vmax, x);
+        }
+        float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
+        for (int64_t t = nv; t < n_vis; ++t) mt = std::max(mt, sr[t] *= job.scale);
+        const float m_new = std::max(m[size_t(r)], mt);
+        const float corr = std::exp(m[size_t(r)] - m_new);  // exp(-inf) = 0 on the first tile
+        // Vector exp (Highway's, within 1 ulp of expf); the sum order differs from host only.
+        const auto vm = hn::Set(df, m_new);
+        auto vsum = hn::Zero(df);
+        for (int64_t t = 0; t < nv; t += NL) {
+          const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, sr + t), vm));
+          hn::StoreU(e, df, sr + t);
+          vsum = hn::Add(vsum, e);
+        }
+        float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
+        for (int64_t t = nv; t < n_vis; ++t) sum += (sr[t] = std::exp(sr[t] - m_new));
+        std::fill(sr + n_vis, sr + nt, 0.0f);
+        l[size_t(r)] = l[size_t(r)] * corr + sum;
+        m[size_t(r)] = m_new;
+        if (corr != 1.0f)
+          for (int64_t c = 0; c < Dv; ++c) acc[size_t(r * Dv + c)] *= corr;
+      }
+      if (job.keys.shared_kv)
+        pv_tile(df, s.data(), kKeyTile, R, kf.data(), D, nt, Dv, acc.data());
+      else
+        pv_tile(df, s.data(), kKeyTile, R, vf.data(), Dv, nt, Dv, acc.data());
     }
-    scores_tile(df, qf.data(), R, kf.data(), nt, D, s.data(), kKeyTile);
+    const int64_t N = int64_t(hn::Lanes(df));
     for (int64_t r = 0; r < R; ++r) {
-      float* sr = s.data() + r * kKeyTile;
-      const int64_t n_vis = std::clamp<int64_t>(vis[size_t(r)] - k0, 0, nt);
-      if (n_vis == 0) {
-        std::fill(sr, sr + nt, 0.0f);
+      const float lr = l[size_t(r)];
+      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      const float lse = lr > 0.0f ? m[size_t(r)] + std::log(lr) : neg_inf;
+      const float* a = acc.data() + r * Dv;
+      if (nseg > 1) {
+        float* po = part_o + (r * nseg + sg) * Dv;
+        for (int64_t c = 0; c < Dv; ++c) po[c] = a[c] * inv;
+        part_lse[r * nseg + sg] = lse;
         continue;
       }
-      const int64_t NL = int64_t(hn::Lanes(df)), nv = n_vis / NL * NL;
-      const auto vscale = hn::Set(df, job.scale);
-      auto vmax = hn::Set(df, neg_inf);
-      for (int64_t t = 0; t < nv; t += NL) {
-        const auto x = hn::Mul(hn::LoadU(df, sr + t), vscale);
-        hn::StoreU(x, df, sr + t);
-        vmax = hn::Max(vmax, x);
-      }
-      float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
-      for (int64_t t = nv; t < n_vis; ++t) mt = std::max(mt, sr[t] *= job.scale);
-      const float m_new = std::max(m[size_t(r)], mt);
-      const float corr = std::exp(m[size_t(r)] - m_new);  // exp(-inf) = 0 on the first tile
-      // Vector exp (Highway's, within 1 ulp of expf); the sum order differs from host only.
-      const auto vm = hn::Set(df, m_new);
-      auto vsum = hn::Zero(df);
-      for (int64_t t = 0; t < nv; t += NL) {
-        const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, sr + t), vm));
-        hn::StoreU(e, df, sr + t);
-        vsum = hn::Add(vsum, e);
-      }
-      float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
-      for (int64_t t = nv; t < n_vis; ++t) sum += (sr[t] = std::exp(sr[t] - m_new));
-      std::fill(sr + n_vis, sr + nt, 0.0f);
-      l[size_t(r)] = l[size_t(r)] * corr + sum;
-      m[size_t(r)] = m_new;
-      if (corr != 1.0f)
-        for (int64_t c = 0; c < Dv; ++c) acc[size_t(r * Dv + c)] *= corr;
+      bf16* o = job.o + (job.j0 + r) * job.o_stride;
+      const auto vinv = hn::Set(df, inv);
+      int64_t c = 0;
+      for (; c + N <= Dv; c += N) store_bf16(df, hn::Mul(hn::LoadU(df, a + c), vinv), o + c);
+      for (; c < Dv; ++c) o[c] = f32_to_bf16(a[c] * inv);
+      if (job.lse)
+        job.lse[job.lse_index(job.j0 + r)] =
+            lr > 0.0f ? lse : std::numeric_limits<float>::infinity();
     }
-    if (job.keys.shared_kv)
-      pv_tile(df, s.data(), kKeyTile, R, kf.data(), D, nt, Dv, acc.data());
-    else
-      pv_tile(df, s.data(), kKeyTile, R, vf.data(), Dv, nt, Dv, acc.data());
   }
-  const int64_t N = int64_t(hn::Lanes(df));
-  for (int64_t r = 0; r < R; ++r) {
-    const float lr = l[size_t(r)];
-    const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-    const float lse = lr > 0.0f ? m[size_t(r)] + std::log(lr) : neg_inf;
-    const float* a = acc.data() + r * Dv;
-    if (job.part_o) {
-      for (int64_t c = 0; c < Dv; ++c) job.part_o[r * Dv + c] = a[c] * inv;
-      job.part_lse[r] = lse;
-      continue;
-    }
-    bf16* o = job.o + (job.j0 + r) * job.o_stride;
-    const auto vinv = hn::Set(df, inv);
-    int64_t c = 0;
-    for (; c + N <= Dv; c += N) store_bf16(df, hn::Mul(hn::LoadU(df, a + c), vinv), o + c);
-    for (; c < Dv; ++c) o[c] = f32_to_bf16(a[c] * inv);
-    if (job.lse)
-      job.lse[job.lse_index(job.j0 + r)] = lr > 0.0f ? lse : std::numeric_limits<float>::infinity();
-  }
+  if (nseg > 1 && !job.part_o) merge_segments(job, job.j0, R, nseg, part_o, part_lse);
 }
 
 }  // namespace deepinfer::kernels::cpu::HWY_NAMESPACE
@@ -376,95 +441,75 @@ struct SeqProblem {
   int64_t rows;  // query rows (queries x rows_per_query)
 };
 
-// Cuts every sequence into row blocks and, where there are too few jobs for the pool, key
-// splits; runs them on kernel_pool() and merges split partials by LSE.
+// Cuts every sequence into row blocks and, where there are too few jobs for the pool, splits a
+// block's key segments over several jobs; runs them on kernel_pool() and merges split partials by
+// LSE. How many jobs share a block changes no result (see kSegKeys).
 void run_problems(const std::vector<SeqProblem>& seqs) {
   ThreadPool& pool = kernel_pool();
-  int64_t blocks = 0, max_keys = 0;
-  for (const auto& sp : seqs) {
-    blocks += (sp.rows + kRowBlock - 1) / kRowBlock;
-    max_keys = std::max(max_keys, sp.base.n_k);
-  }
+  int64_t blocks = 0;
+  for (const auto& sp : seqs) blocks += (sp.rows + kRowBlock - 1) / kRowBlock;
   if (blocks == 0) return;
   const int64_t want = 2 * int64_t(pool.num_threads());
-  int64_t splits =
-      std::clamp<int64_t>((want + blocks - 1) / blocks, 1, std::max<int64_t>(1, max_keys / 256));
-  if (splits > 1) splits = std::min<int64_t>(splits, (max_keys + kKeyTile - 1) / kKeyTile);
+  const int64_t splits = std::max<int64_t>(1, (want + blocks - 1) / blocks);
 
   std::vector<AttnJob> jobs;
-  std::vector<std::pair<size_t, size_t>> offsets;  // per job: (part_o, part_lse) offsets, or none
-  constexpr size_t kNone = ~size_t(0);
   struct PartRef {
-    int64_t j0, j1;
-    size_t first_job;
-    int64_t n_split;
+    size_t first_job, n_jobs;
+    int64_t nseg;
+    size_t o_off, lse_off;
   };
   std::vector<PartRef> parts;
   size_t part_floats = 0, part_rows = 0;
   for (const auto& sp : seqs) {
-    const int64_t n_split =
-        splits > 1 ? std::clamp<int64_t>((sp.base.n_k + kKeyTile - 1) / kKeyTile, 1, splits) : 1;
-    const int64_t per = (sp.base.n_k + n_split - 1) / n_split;
-    const int64_t per_tiles = (per + kKeyTile - 1) / kKeyTile * kKeyTile;  // splits on tile edges
+    const int64_t nseg = num_segments(sp.base.n_k);
+    const int64_t n_split = std::min(splits, nseg);
+    const int64_t per = (nseg + n_split - 1) / n_split;  // segments per job
     for (int64_t j0 = 0; j0 < sp.rows; j0 += kRowBlock) {
       const int64_t j1 = std::min(sp.rows, j0 + kRowBlock);
-      if (n_split > 1) parts.push_back({j0, j1, jobs.size(), n_split});
-      for (int64_t sidx = 0; sidx < n_split; ++sidx) {
+      if (n_split > 1) {
+        parts.push_back({jobs.size(), 0, nseg, part_floats, part_rows});
+        part_floats += size_t((j1 - j0) * nseg * sp.base.Dv);
+        part_rows += size_t((j1 - j0) * nseg);
+      }
+      for (int64_t s0 = 0; s0 < nseg; s0 += per) {
         AttnJob job = sp.base;
         job.j0 = j0;
         job.j1 = j1;
-        job.kb = n_split > 1 ? std::min(sp.base.n_k, sidx * per_tiles) : 0;
-        job.ke = n_split > 1 ? std::min(sp.base.n_k, (sidx + 1) * per_tiles) : sp.base.n_k;
-        offsets.emplace_back(kNone, kNone);
-        if (n_split > 1) {
-          offsets.back() = {part_floats, part_rows};
-          part_floats += size_t((j1 - j0) * job.Dv);
-          part_rows += size_t(j1 - j0);
-        }
+        job.kb = n_split > 1 ? std::min(sp.base.n_k, s0 * kSegKeys) : 0;
+        job.ke = n_split > 1 ? std::min(sp.base.n_k, (s0 + per) * kSegKeys) : sp.base.n_k;
         jobs.push_back(job);
+        if (n_split == 1) break;
       }
+      if (n_split > 1) parts.back().n_jobs = jobs.size() - parts.back().first_job;
     }
   }
   thread_local std::vector<float> part_o, part_lse;  // reused: see run_attn_job's scratch
   part_o.resize(part_floats);
   part_lse.resize(part_rows);
-  for (size_t i = 0; i < jobs.size(); ++i)
-    if (offsets[i].first != kNone) {
-      jobs[i].part_o = part_o.data() + offsets[i].first;
-      jobs[i].part_lse = part_lse.data() + offsets[i].second;
+  for (const PartRef& pr : parts) {
+    for (size_t i = pr.first_job; i < pr.first_job + pr.n_jobs; ++i) {
+      jobs[i].part_o = part_o.data() + pr.o_off;
+      jobs[i].part_lse = part_lse.data() + pr.lse_off;
     }
+  }
   pool.parallel_for(int64_t(jobs.size()), 1, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) HWY_DYNAMIC_DISPATCH(run_attn_job)(jobs[size_t(i)]);
   });
-  // Merge: o = sum_s exp(lse_s - lse) o_s, lse = ln sum_s exp(lse_s); nothing visible -> 0, +inf.
-  pool.parallel_for(int64_t(parts.size()), 1, [&](int64_t a, int64_t b) {
-    for (int64_t pi = a; pi < b; ++pi) {
-      const PartRef& pr = parts[size_t(pi)];
+  // Merge row by row over the pool (a decode step may have one row block).
+  std::vector<int64_t> row_start(parts.size() + 1, 0);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const AttnJob& first = jobs[parts[i].first_job];
+    row_start[i + 1] = row_start[i] + (first.j1 - first.j0);
+  }
+  pool.parallel_for(row_start.back(), 1, [&](int64_t a, int64_t b) {
+    for (int64_t x = a; x < b; ++x) {
+      const size_t pi =
+          size_t(std::upper_bound(row_start.begin(), row_start.end(), x) - row_start.begin() - 1);
+      const PartRef& pr = parts[pi];
       const AttnJob& first = jobs[pr.first_job];
-      const int64_t Dv = first.Dv;
-      for (int64_t r = 0; r < pr.j1 - pr.j0; ++r) {
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t k = 0; k < pr.n_split; ++k)
-          mx = std::max(mx, jobs[pr.first_job + size_t(k)].part_lse[r]);
-        bf16* o = first.o + (pr.j0 + r) * first.o_stride;
-        if (mx == -std::numeric_limits<float>::infinity()) {
-          for (int64_t c = 0; c < Dv; ++c) o[c] = bf16{0};
-          if (first.lse)
-            first.lse[first.lse_index(pr.j0 + r)] = std::numeric_limits<float>::infinity();
-          continue;
-        }
-        float wsum = 0.0f;
-        std::vector<float> w(static_cast<size_t>(pr.n_split));
-        for (int64_t k = 0; k < pr.n_split; ++k)
-          wsum += (w[size_t(k)] = std::exp(jobs[pr.first_job + size_t(k)].part_lse[r] - mx));
-        for (int64_t c = 0; c < Dv; ++c) {
-          float v = 0.0f;
-          for (int64_t k = 0; k < pr.n_split; ++k)
-            v += w[size_t(k)] * jobs[pr.first_job + size_t(k)].part_o[r * Dv + c];
-          o[c] = f32_to_bf16(v / wsum);
-        }
-        if (first.lse) first.lse[first.lse_index(pr.j0 + r)] = mx + std::log(wsum);
-      }
+      const int64_t r = x - row_start[pi];
+      merge_segments(first, first.j0 + r, 1, pr.nseg, first.part_o + r * pr.nseg * first.Dv,
+                     first.part_lse + r * pr.nseg);
     }
   });
 }

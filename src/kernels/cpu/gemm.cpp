@@ -10,6 +10,9 @@
 //    Where the weight has a decode layout (gemm_vbmi.cpp), the panels come from it instead: its
 //    32-column panels decode straight into the panel order.
 // bf16 GEMM uses the same kernels with a bf16 decoder and unit scales.
+// Batch invariance (DecodeGemm::invariant, docs/numerics.md §10): fp8 decode shapes take the
+// prefill kernel's per-row order (the decode layout kernel, or tiles of fewer rows), bf16 GEMMs
+// of every M the small-M order.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
 // foreach_target re-includes this file per target; the order matters:
@@ -151,6 +154,59 @@ void SmallM(const GemmArgs& g) {
   kernel_pool().parallel_for(g.n, grain, body);
 }
 
+// Any M in the small-M order (the batch-invariant bf16 GEMM): rows in chunks of kSmallM, one task
+// per (chunk, column range), activations decoded once.
+template <bool kBf16>
+void SmallMAll(const GemmArgs& g) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  std::vector<float> af(size_t(g.m * g.k + L), 0.0f);
+  DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
+  const int64_t chunks = (g.m + kSmallM - 1) / kSmallM;
+  const int64_t threads = kernel_pool().num_threads();
+  const int64_t grain = std::max<int64_t>(16, g.n / (4 * threads));
+  const int64_t col_tasks = (g.n + grain - 1) / grain;
+  const int64_t kbs = num_blocks(g.k);
+  kernel_pool().parallel_for(chunks * col_tasks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r0 = (i / col_tasks) * kSmallM, j0 = (i % col_tasks) * grain;
+      const int64_t j1 = std::min(g.n, j0 + grain);
+      GemmArgs s = g;
+      s.m = std::min(kSmallM, g.m - r0);
+      if (g.out) s.out = g.out + r0 * g.n;
+      if (g.out_f32) s.out_f32 = g.out_f32 + r0 * g.n;
+      if (g.a_scales) s.a_scales = g.a_scales + r0 * kbs;
+      const float* a = af.data() + r0 * g.k;
+      switch (s.m) {
+        case 1:
+          SmallMRange<1, kBf16>(s, a, j0, j1);
+          break;
+        case 2:
+          SmallMRange<2, kBf16>(s, a, j0, j1);
+          break;
+        case 3:
+          SmallMRange<3, kBf16>(s, a, j0, j1);
+          break;
+        case 4:
+          SmallMRange<4, kBf16>(s, a, j0, j1);
+          break;
+        case 5:
+          SmallMRange<5, kBf16>(s, a, j0, j1);
+          break;
+        case 6:
+          SmallMRange<6, kBf16>(s, a, j0, j1);
+          break;
+        case 7:
+          SmallMRange<7, kBf16>(s, a, j0, j1);
+          break;
+        default:
+          SmallMRange<8, kBf16>(s, a, j0, j1);
+          break;
+      }
+    }
+  });
+}
+
 // ---- large M: packed panels and an MR×NR microkernel -------------------------------------------
 
 #if HWY_TARGET <= HWY_AVX3
@@ -161,33 +217,40 @@ constexpr int kMR = 4;  // 16 vector registers: 8 accumulators
 constexpr int kNV = 2;                // NR = kNV vectors
 constexpr int64_t kNC = kQuantBlock;  // columns per work item: one weight-scale block
 
-// partial[MR][NR] = Σ_kk a[kk][r] · w[kk][c] over klen; a: [klen][MR], w: [klen][NR].
+// partial[MR][NR] = Σ_kk a[kk][r] · w[kk][c] over klen; a: [klen][MR], w: [klen][NR]. Each
+// (row, column) sums its products in panel order whatever MR is (K order, or K pairs swapped to
+// match the decode layout kernel: invariant_pairs_swapped; docs/numerics.md §10).
+template <int MR>
 HWY_INLINE void MicroKernel(const float* HWY_RESTRICT a, const float* HWY_RESTRICT w, int64_t klen,
-                            VF (&c)[kMR][kNV]) {
+                            VF (&c)[MR][kNV]) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
-  for (int r = 0; r < kMR; ++r)
+  for (int r = 0; r < MR; ++r)
     for (int v = 0; v < kNV; ++v) c[r][v] = hn::Zero(df);
   for (int64_t kk = 0; kk < klen; ++kk) {
     const VF w0 = hn::Load(df, w + kk * kNV * L);
     const VF w1 = hn::Load(df, w + kk * kNV * L + L);
-    for (int r = 0; r < kMR; ++r) {
-      const VF ar = hn::Set(df, a[kk * kMR + r]);
+    for (int r = 0; r < MR; ++r) {
+      const VF ar = hn::Set(df, a[kk * MR + r]);
       c[r][0] = hn::MulAdd(ar, w0, c[r][0]);
       c[r][1] = hn::MulAdd(ar, w1, c[r][1]);
     }
   }
 }
 
-template <bool kBf16>
+// Rows in tiles of MR (kMR for prefill; M rounded up to 1, 2 or 4, else kMR, for the decode shapes
+// in the batch-invariant mode: the same per-row order with less work on padding rows).
+template <bool kBf16, int MR = kMR>
 void LargeM(const GemmArgs& g) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df)), NR = kNV * L, K = g.k, kbs = num_blocks(K);
-  const int64_t m_tiles = (g.m + kMR - 1) / kMR;
+  const int64_t m_tiles = (g.m + MR - 1) / MR;
   ThreadPool& pool = kernel_pool();
+  // K order within a block: kk, or kk ^ 1 (pairs swapped) to match the decode layout kernel.
+  const int64_t sx = invariant_pairs_swapped(g) ? 1 : 0;
 
-  // Activations decoded and packed once: [m_tile][kb][kk < 128][kMR] f32, rows past M zero.
-  const int64_t panel = kQuantBlock * kMR;
+  // Activations decoded and packed once: [m_tile][kb][kk < 128][MR] f32, rows past M zero.
+  const int64_t panel = kQuantBlock * MR;
   hwy::AlignedFreeUniquePtr<float[]> ap =
       hwy::AllocateAligned<float>(size_t(m_tiles * kbs * panel));
   pool.parallel_for(m_tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -195,13 +258,13 @@ void LargeM(const GemmArgs& g) {
     for (int64_t t = t0; t < t1; ++t) {
       float* dst = ap.get() + t * kbs * panel;
       std::fill(dst, dst + kbs * panel, 0.0f);
-      for (int r = 0; r < kMR; ++r) {
-        const int64_t m = t * kMR + r;
+      for (int r = 0; r < MR; ++r) {
+        const int64_t m = t * MR + r;
         if (m >= g.m) break;
         const size_t esize = kBf16 ? 2 : 1;
         DecodeRow<kBf16>(static_cast<const uint8_t*>(g.a) + size_t(m * K) * esize, row.data(), K);
         for (int64_t kk = 0; kk < K; ++kk)
-          dst[(kk / kQuantBlock) * panel + (kk % kQuantBlock) * kMR + r] = row[size_t(kk)];
+          dst[(kk / kQuantBlock) * panel + ((kk % kQuantBlock) ^ sx) * MR + r] = row[size_t(kk)];
       }
     }
   });
@@ -218,14 +281,14 @@ void LargeM(const GemmArgs& g) {
     hwy::AlignedFreeUniquePtr<float[]> wp =
         hwy::AllocateAligned<float>(size_t(n_panels * kQuantBlock * NR));
     hwy::AlignedFreeUniquePtr<float[]> acc =
-        hwy::AllocateAligned<float>(size_t(tiles_per_chunk * kMR * kNC));
+        hwy::AllocateAligned<float>(size_t(tiles_per_chunk * MR * kNC));
     std::vector<float> row(size_t(kQuantBlock) + size_t(L));
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t nb = item % n_blocks, mc = item / n_blocks;
       const int64_t n0 = nb * kNC, nc = std::min(kNC, g.n - n0);
       const int64_t t0 = mc * tiles_per_chunk, t1 = std::min(m_tiles, t0 + tiles_per_chunk);
       if (t0 >= t1) continue;
-      std::fill(acc.get(), acc.get() + (t1 - t0) * kMR * kNC, 0.0f);
+      std::fill(acc.get(), acc.get() + (t1 - t0) * MR * kNC, 0.0f);
       for (int64_t kb = 0; kb < kbs; ++kb) {
         const int64_t k0 = kb * kQuantBlock, klen = std::min(kQuantBlock, K - k0);
         // Pack W[n0:n0+nc, k0:k0+klen] as [panel][kk][NR] f32; columns past nc are zero. From the
@@ -233,7 +296,7 @@ void LargeM(const GemmArgs& g) {
         bool from_decode_layout = NR == 32;
         for (int64_t pnl = 0; pnl < n_panels && from_decode_layout; ++pnl)
           from_decode_layout =
-              decode_layout_f32_panel(g, n0 + pnl * NR, kb, wp.get() + pnl * kQuantBlock * NR);
+              decode_layout_f32_panel(g, n0 + pnl * NR, kb, wp.get() + pnl * kQuantBlock * NR, sx);
         if (!from_decode_layout) {
           std::fill(wp.get(), wp.get() + n_panels * kQuantBlock * NR, 0.0f);
           const size_t esize = kBf16 ? 2 : 1;
@@ -241,22 +304,22 @@ void LargeM(const GemmArgs& g) {
             DecodeRow<kBf16>(static_cast<const uint8_t*>(g.w) + size_t((n0 + j) * K + k0) * esize,
                              row.data(), klen);
             float* dst = wp.get() + (j / NR) * kQuantBlock * NR + (j % NR);
-            for (int64_t kk = 0; kk < klen; ++kk) dst[kk * NR] = row[size_t(kk)];
+            for (int64_t kk = 0; kk < klen; ++kk) dst[(kk ^ sx) * NR] = row[size_t(kk)];
           }
         }
         const float sw = g.w_scales ? g.w_scales[nb * kbs + kb] : 1.0f;
         for (int64_t t = t0; t < t1; ++t) {
           const float* a = ap.get() + (t * kbs + kb) * panel;
-          float sa[kMR];
-          for (int r = 0; r < kMR; ++r) {
-            const int64_t m = t * kMR + r;
+          float sa[MR];
+          for (int r = 0; r < MR; ++r) {
+            const int64_t m = t * MR + r;
             sa[r] = m >= g.m ? 0.0f : (g.a_scales ? g.a_scales[m * kbs + kb] * sw : 1.0f);
           }
           for (int64_t pnl = 0; pnl < n_panels; ++pnl) {
-            VF c[kMR][kNV];
+            VF c[MR][kNV];
             MicroKernel(a, wp.get() + pnl * kQuantBlock * NR, klen, c);
-            float* at = acc.get() + (t - t0) * kMR * kNC + pnl * NR;
-            for (int r = 0; r < kMR; ++r)
+            float* at = acc.get() + (t - t0) * MR * kNC + pnl * NR;
+            for (int r = 0; r < MR; ++r)
               for (int v = 0; v < kNV; ++v) {
                 float* p = at + r * kNC + v * L;
                 hn::StoreU(hn::MulAdd(c[r][v], hn::Set(df, sa[r]), hn::LoadU(df, p)), df, p);
@@ -265,10 +328,10 @@ void LargeM(const GemmArgs& g) {
         }
       }
       for (int64_t t = t0; t < t1; ++t)
-        for (int r = 0; r < kMR; ++r) {
-          const int64_t m = t * kMR + r;
+        for (int r = 0; r < MR; ++r) {
+          const int64_t m = t * MR + r;
           if (m >= g.m) break;
-          const float* at = acc.get() + ((t - t0) * kMR + r) * kNC;
+          const float* at = acc.get() + ((t - t0) * MR + r) * kNC;
           for (int64_t j = 0; j < nc; ++j) Store(g, m, n0 + j, at[j]);
         }
     }
@@ -283,7 +346,20 @@ void Gemm(const GemmArgs& g) {
       for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);
     return;
   }
-  if (g.m <= kSmallM) {
+  if (g.bf16_inputs && small_m_invariant()) {
+    SmallMAll<true>(g);
+    return;
+  }
+  if (g.m <= kSmallM && small_m_invariant()) {  // fp8 without a usable decode layout
+    if (g.m == 1)
+      LargeM<false, 1>(g);
+    else if (g.m == 2)
+      LargeM<false, 2>(g);
+    else if (g.m <= 4)
+      LargeM<false, 4>(g);
+    else
+      LargeM<false, kMR>(g);
+  } else if (g.m <= kSmallM) {
     if (g.bf16_inputs)
       SmallM<true>(g);
     else

@@ -23,10 +23,17 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
 #include "kernels/registry.h"
+
+namespace deepinfer::kernels::cpu {
+namespace {
+bool batch_invariant_knob() { return knobs().batch_invariant; }
+}  // namespace
+}  // namespace deepinfer::kernels::cpu
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -282,20 +289,23 @@ DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p
 // The prefill kernel's f32 weight panel [kk < 128][32] for one decode-layout panel and one K block:
 // a lane of b0 holds K (4c, 4c+1) of its column as a bf16 pair, so the even K is the pair shifted
 // up and the odd one the pair masked (both exact f32).
-DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, float* out) {
+DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, float* out,
+                               bool swap_pairs) {
   const Decoder dec;
   const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+  const int64_t ev = swap_pairs ? kPanel : 0, od = swap_pairs ? 0 : kPanel;  // rows of K 2i, 2i+1
   for (int64_t g = 0; g < 2; ++g) {
     const uint8_t* p = panel + size_t(g * (k / 4) * 64) + size_t(kb * 32 * 64);
     for (int64_t c = 0; c < 32; ++c, p += 64) {
       __m512i b0, b1;
       dec.decode_bf16(p, b0, b1);
       float* o = out + (4 * c) * kPanel + g * 16;
-      _mm512_store_ps(o, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b0, 16)));
-      _mm512_store_ps(o + kPanel, _mm512_castsi512_ps(_mm512_and_si512(b0, high)));
-      _mm512_store_ps(o + 2 * kPanel,
+      _mm512_store_ps(o + ev,
+                      _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b0, 16)));
+      _mm512_store_ps(o + od, _mm512_castsi512_ps(_mm512_and_si512(b0, high)));
+      _mm512_store_ps(o + 2 * kPanel + ev,
                       _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xffff), b1, 16)));
-      _mm512_store_ps(o + 3 * kPanel, _mm512_castsi512_ps(_mm512_and_si512(b1, high)));
+      _mm512_store_ps(o + 2 * kPanel + od, _mm512_castsi512_ps(_mm512_and_si512(b1, high)));
     }
   }
 }
@@ -345,6 +355,37 @@ bool cpu_has_vbmi() {
 
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
+// How VDPBF16PS adds a lane's two products (a bf16 pair of K, 2i and 2i + 1) to its accumulator:
+// one after the other, each rounded as an FMA would (odd K first, as Intel's manual writes it and
+// the CI EPYC does; or even K first), or otherwise. Probed once with acc = 1 and products of 1/2
+// and 3/4 of an ulp of 1: even first gives 1 + 1 ulp, odd first 1 + 2 ulp; 1/2 + 1/2 ulp gives 1
+// only if each add rounds.
+enum class DotOrder { none, even_first, odd_first, other };
+
+// 1 + a0·b0 + a1·b1 in lane 0 of one VDPBF16PS (inputs exact in bf16).
+DI_BF16_TARGET float dot_probe(float a0, float a1, float b0, float b1) {
+  const int ab = int(f32_to_bf16(a0).bits) | (int(f32_to_bf16(a1).bits) << 16);
+  const int bb = int(f32_to_bf16(b0).bits) | (int(f32_to_bf16(b1).bits) << 16);
+  const __m512 r = _mm512_dpbf16_ps(_mm512_set1_ps(1.0f), (__m512bh)_mm512_set1_epi32(ab),
+                                    (__m512bh)_mm512_set1_epi32(bb));
+  alignas(64) float out[16];
+  _mm512_store_ps(out, r);
+  return out[0];
+}
+
+DotOrder dot_order() {
+  static const DotOrder order = [] {
+    if (!cpu_has_bf16_dot()) return DotOrder::none;
+    const float u = 0x1p-23f;
+    if (dot_probe(1.0f, 1.0f, 0x1p-24f, 0x1p-24f) != 1.0f) return DotOrder::other;
+    const float r = dot_probe(1.0f, 1.5f, 0x1p-24f, 0x1p-24f);
+    return r == 1.0f + u       ? DotOrder::even_first
+           : r == 1.0f + 2 * u ? DotOrder::odd_first
+                               : DotOrder::other;
+  }();
+  return order;
+}
+
 }  // namespace
 
 bool cpu_has_bf16_dot() {
@@ -354,26 +395,45 @@ bool cpu_has_bf16_dot() {
 
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
+bool small_m_invariant() {
+  const DecodeGemm mode = g_decode_gemm;
+  return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());
+}
+
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
   if (g.bf16_inputs || g.m < 1 || g.m > kSmallM || g.k % 128 != 0 || !g.a_scales || !g.w_scales)
     return false;
   const DecodeGemm mode = g_decode_gemm;
   if (mode == DecodeGemm::generic || !cpu_has_vbmi()) return false;
-  if (mode == DecodeGemm::automatic && g.w_decode && cpu_has_bf16_dot())
+  const bool layout = g.w_decode && cpu_has_bf16_dot();
+  if (small_m_invariant()) {
+    const DotOrder order = dot_order();
+    if (!layout || (order != DotOrder::even_first && order != DotOrder::odd_first))
+      return false;      // the prefill kernel itself
+    RunDecodeLayout(g);  // the prefill kernel's order (invariant_pairs_swapped)
+  } else if (mode == DecodeGemm::automatic && layout) {
     RunDecodeLayout(g);
-  else
+  } else {
     Run(g);
+  }
   return true;
 }
 
-bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out) {
+bool invariant_pairs_swapped(const GemmArgs& g) {
+  return !g.bf16_inputs && g.k % 128 == 0 && dot_order() == DotOrder::odd_first &&
+         small_m_invariant();
+}
+
+bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* out,
+                             bool swap_pairs) {
+  const DecodeGemm mode = g_decode_gemm;
   if (!g.w_decode || g.bf16_inputs || g.k % 128 != 0 || n0 % kPanel != 0 || !cpu_has_bf16_dot() ||
-      g_decode_gemm != DecodeGemm::automatic)
+      (mode != DecodeGemm::automatic && mode != DecodeGemm::invariant))
     return false;
   if (n0 >= g.n)
     std::fill(out, out + 128 * kPanel, 0.0f);  // past the last panel: zero columns
   else
-    PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out);
+    PanelToF32(g.w_decode + size_t(n0 / kPanel) * panel_bytes(g.k), g.k, kb, out, swap_pairs);
   return true;
 }
 
@@ -403,8 +463,16 @@ void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
 namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
 bool cpu_has_bf16_dot() { return false; }
-bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*) { return false; }
-void set_decode_gemm(DecodeGemm) {}
+bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*, bool) { return false; }
+bool invariant_pairs_swapped(const GemmArgs&) { return false; }
+namespace {
+std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
+}
+void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
+bool small_m_invariant() {
+  const DecodeGemm mode = g_decode_gemm;
+  return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());
+}
 }  // namespace deepinfer::kernels::cpu
 namespace deepinfer::kernels {
 size_t decode_layout_bytes(int64_t, int64_t) { return 0; }

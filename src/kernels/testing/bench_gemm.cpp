@@ -8,10 +8,15 @@
 //  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
 //    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
 //  - quant_per_token: bytes moved vs memcpy.
+//  - gemm_batch_invariant: the GEMMs the batch-invariant mode (DecodeGemm::invariant) runs on
+//    another kernel: bf16 at prefill M (DeepSeek-V3's absorbed-attention and router shapes) and fp8
+//    decode M without the decode layout; ratio = default seconds / invariant seconds (the cost).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "core/check.h"
 #include "kernels/cpu/gemm_args.h"
@@ -228,6 +233,88 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_prefill) {
 #else
   return c.pass ? 0 : 1;
 #endif
+}
+
+DEEPINFER_KERNEL_BENCH(gemm_batch_invariant) {
+  using cpu::DecodeGemm;
+  ScopedBackend use(KernelBackend::cpu);
+  int failures = 0;
+  // Times `call` in the default and the invariant mode, checks the invariant output's first rows
+  // against host (`check`), and emits the pair.
+  auto compare = [&](const std::string& name, const std::function<void()>& call,
+                     const std::function<CaseResult()>& check) {
+    cpu::set_decode_gemm(DecodeGemm::automatic);
+    call();
+    const double s_default = ctx.time(call, 7, 0.3);
+    cpu::set_decode_gemm(DecodeGemm::invariant);
+    call();
+    const double s = ctx.time(call, 7, 0.3);
+    const CaseResult c = check();
+    cpu::set_decode_gemm(DecodeGemm::automatic);
+    failures += c.pass ? 0 : 1;
+    ctx.emit({.bench = "gemm_batch_invariant",
+              .case_name = name,
+              .seconds = s,
+              .limit = "default_seconds",
+              .limit_value = s_default,
+              .ratio = s_default / s,
+              .correct = c.pass,
+              .rel_err = c.max_rel_err});
+  };
+  struct Shape {
+    int64_t n, k;
+    bool f32_out;
+  };
+  const std::vector<int64_t> ms =
+      ctx.quick ? std::vector<int64_t>{64} : std::vector<int64_t>{16, 64, 256};
+  for (const Shape sh : {Shape{512, 128, false}, Shape{128, 512, false}, Shape{256, 7168, true}})
+    for (int64_t m : ms) {
+      const auto a = random_bf16(m * sh.k, uint64_t(m), -2.0f, 2.0f);
+      const auto w = random_bf16(sh.n * sh.k, 5, -0.1f, 0.1f);
+      std::vector<bf16> out(sh.f32_out ? 0 : size_t(m * sh.n));
+      std::vector<float> out_f32(sh.f32_out ? size_t(m * sh.n) : 0);
+      const GemmBf16Params p{.a = a.data(),
+                             .w = w.data(),
+                             .out = sh.f32_out ? nullptr : out.data(),
+                             .out_f32 = sh.f32_out ? out_f32.data() : nullptr,
+                             .m = m,
+                             .n = sh.n,
+                             .k = sh.k};
+      compare(
+          fmt::format("bf16 m={} n={} k={}", m, sh.n, sh.k), [&] { gemm_bf16(p); },
+          [&] {
+            const int64_t mc = std::min<int64_t>(m, 4);
+            std::vector<float> ref(size_t(mc * sh.n)), got(size_t(mc * sh.n));
+            host::gemm_bf16({.a = a.data(),
+                             .w = w.data(),
+                             .out_f32 = ref.data(),
+                             .m = mc,
+                             .n = sh.n,
+                             .k = sh.k});
+            for (size_t i = 0; i < got.size(); ++i)
+              got[i] = sh.f32_out ? out_f32[i] : bf16_to_f32(out[i]);
+            return compare_buffers("out", DType::f32, got.data(), ref.data(), mc * sh.n,
+                                   {.rel_l2 = 1e-2});
+          });
+    }
+  const int64_t n = 2048, k = 7168;
+  const Weights w = random_weights(n, k, 91);
+  for (int64_t m : ctx.quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 4, 8}) {
+    const Fp8Rows a = random_fp8_activations(m, k, uint64_t(m) + 92);
+    std::vector<bf16> out(size_t(m * n));
+    const GemmFp8Params p{.a = a.q.data(),
+                          .a_scales = a.scales.data(),
+                          .w = w.q.data(),
+                          .w_scales = w.scales.data(),
+                          .out = out.data(),
+                          .m = m,
+                          .n = n,
+                          .k = k};
+    compare(
+        fmt::format("fp8 no decode layout m={} n={} k={}", m, n, k), [&] { gemm_fp8(p); },
+        [&] { return check_against_host(a, w, m, n, k, out, m, 512); });
+  }
+  return failures;
 }
 
 DEEPINFER_KERNEL_BENCH(quant_per_token) {

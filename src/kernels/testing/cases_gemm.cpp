@@ -36,23 +36,25 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
                   .k = k};
   const Tolerance tol = f32_out ? kF32Out : kBf16Out;
   // Every cpu path this CPU has: the row layout (decode shapes: AVX512-VBMI where present), the
-  // decode layout (AVX512-BF16: decode shapes, and the prefill kernel's weight panels), and for
-  // decode shapes the generic Highway kernel.
-  const CaseResult rows = compare_backends(gemm_fp8, p, tol);
-  if (!rows.pass) return rows;
+  // decode layout (AVX512-BF16: decode shapes, and the prefill kernel's weight panels), for
+  // decode shapes the generic Highway kernel, and the batch-invariant mode with and without the
+  // decode layout.
   std::vector<uint8_t> w_decode(decode_layout_bytes(n, k));
-  if (!w_decode.empty()) {
-    pack_decode_layout(w.q.data(), n, k, w_decode.data());
-    p.w_decode = w_decode.data();
-    const CaseResult packed = compare_backends(gemm_fp8, p, tol);
-    if (!packed.pass || m > cpu::kSmallM) return packed;
-    p.w_decode = nullptr;
-  }
-  if (m > cpu::kSmallM) return rows;
-  cpu::set_decode_gemm(cpu::DecodeGemm::generic);
-  const CaseResult generic = compare_backends(gemm_fp8, p, tol);
-  cpu::set_decode_gemm(cpu::DecodeGemm::automatic);
-  return generic;
+  if (!w_decode.empty()) pack_decode_layout(w.q.data(), n, k, w_decode.data());
+  const auto run_mode = [&](cpu::DecodeGemm mode, bool packed) {
+    cpu::set_decode_gemm(mode);
+    p.w_decode = packed ? w_decode.data() : nullptr;
+    const CaseResult r = compare_backends(gemm_fp8, p, tol);
+    cpu::set_decode_gemm(cpu::DecodeGemm::automatic);
+    return r;
+  };
+  using cpu::DecodeGemm;
+  CaseResult r = run_mode(DecodeGemm::automatic, false);
+  if (r.pass && !w_decode.empty()) r = run_mode(DecodeGemm::automatic, true);
+  if (r.pass && m <= cpu::kSmallM) r = run_mode(DecodeGemm::generic, false);
+  if (r.pass) r = run_mode(DecodeGemm::invariant, false);
+  if (r.pass && !w_decode.empty()) r = run_mode(DecodeGemm::invariant, true);
+  return r;
 }
 
 // Rows sorted by expert; each expert's segment padded with -1 rows to `align`.
@@ -111,7 +113,12 @@ CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed
                    .m = m,
                    .n = n,
                    .k = k};
-  return compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
+  const CaseResult r = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
+  if (!r.pass) return r;
+  cpu::set_decode_gemm(cpu::DecodeGemm::invariant);  // the batch-invariant order
+  const CaseResult inv = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
+  cpu::set_decode_gemm(cpu::DecodeGemm::automatic);
+  return inv;
 }
 
 }  // namespace
