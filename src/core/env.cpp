@@ -42,7 +42,7 @@ constexpr std::array<KnobDoc, 16> kKnobDocs{{
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
      "decode and prefill GEMMs read"},
-    {"DEEPINFER_BATCH_INVARIANT", "on, off", "off",
+    {"DEEPINFER_BATCH_INVARIANT", "on, off", "on",
      "cpu kernels: GEMMs sum a row in one order for every M, so a request's tokens do not depend "
      "on what shares its batch or how its prompt is chunked (docs/numerics.md §10); off: decode "
      "(M <= 8) and prefill GEMMs sum in different orders"},

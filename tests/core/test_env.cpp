@@ -47,8 +47,8 @@ TEST(Env, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(k.decode_layout);
   EXPECT_FALSE(parse({{"DEEPINFER_DECODE_LAYOUT", "off"}}).decode_layout);
   EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
-  EXPECT_FALSE(k.batch_invariant);
-  EXPECT_TRUE(parse({{"DEEPINFER_BATCH_INVARIANT", "on"}}).batch_invariant);
+  EXPECT_TRUE(k.batch_invariant);
+  EXPECT_FALSE(parse({{"DEEPINFER_BATCH_INVARIANT", "off"}}).batch_invariant);
   EXPECT_EQ(k.ep_peer_memory, "auto");
   EXPECT_EQ(k.fault, "");
   EXPECT_EQ(k.capabilities_file, "");
