@@ -103,32 +103,14 @@ std::string TensorView::describe() const {
                      std::filesystem::path(file).filename().string());
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) DI_FAIL("cannot open {}: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    DI_FAIL("cannot stat {}: {}", path, std::strerror(errno));
-  }
-  map_size_ = size_t(st.st_size);
-  if (map_size_ < 8) {
-    ::close(fd);
-    DI_FAIL("{} is {} bytes: too short to be a safetensors file (truncated download?)", path,
-            map_size_);
-  }
-  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    DI_FAIL("cannot mmap {}: {}", path, std::strerror(errno));
-  }
-  const auto* base = static_cast<const std::byte*>(map_);
+SafetensorsHeader parse_safetensors(const std::byte* base, size_t size, const std::string& path) {
+  if (size < 8)
+    DI_FAIL("{} is {} bytes: too short to be a safetensors file (truncated download?)", path, size);
   uint64_t header_len = 0;
   std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
-  if (header_len > kMaxHeaderBytes || 8 + header_len > map_size_)
+  if (header_len > kMaxHeaderBytes || 8 + header_len > size)
     DI_FAIL("{}: header length {} exceeds the file size {} (truncated or not a safetensors file)",
-            path, header_len, map_size_);
+            path, header_len, size);
   json header;
   try {
     header = json::parse(std::string_view(reinterpret_cast<const char*>(base + 8), header_len));
@@ -136,14 +118,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     DI_FAIL("{}: corrupt safetensors header ({})", path, e.what());
   }
   if (!header.is_object()) DI_FAIL("{}: safetensors header is not a JSON object", path);
+  SafetensorsHeader out;
   const size_t data_start = 8 + header_len;
-  const size_t data_size = map_size_ - data_start;
+  const size_t data_size = size - data_start;
   std::vector<std::pair<size_t, size_t>> ranges;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (entry.is_object())
         for (auto& [k, v] : entry.items())
-          if (v.is_string()) metadata_[k] = v.get<std::string>();
+          if (v.is_string()) out.metadata[k] = v.get<std::string>();
       continue;
     }
     const std::string where = path + ": tensor " + name;
@@ -171,12 +154,63 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
               shape_str(t.shape), size_t(t.numel()) * dtype_size(t.dtype));
     t.data = base + data_start + b;
     ranges.emplace_back(b, e);
-    tensors_.emplace(name, std::move(t));
+    out.tensors.emplace(name, std::move(t));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].first < ranges[i - 1].second)
       DI_FAIL("{}: two tensors overlap at byte {} (corrupt header)", path, ranges[i].first);
+  return out;
+}
+
+std::vector<std::string> parse_safetensors_index(const std::string& json_text,
+                                                 const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    DI_FAIL("{}: not valid JSON ({})", source, e.what());
+  }
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    DI_FAIL("{}: has no weight_map object", source);
+  std::vector<std::string> shards;
+  for (auto& [name, file] : j["weight_map"].items()) {
+    const std::string f = file.get<std::string>();
+    if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+  }
+  return shards;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) DI_FAIL("cannot open {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    DI_FAIL("cannot stat {}: {}", path, std::strerror(errno));
+  }
+  map_size_ = size_t(st.st_size);
+  if (map_size_ < 8) {
+    ::close(fd);
+    DI_FAIL("{} is {} bytes: too short to be a safetensors file (truncated download?)", path,
+            map_size_);
+  }
+  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    DI_FAIL("cannot mmap {}: {}", path, std::strerror(errno));
+  }
+  SafetensorsHeader h;
+  try {
+    h = parse_safetensors(static_cast<const std::byte*>(map_), map_size_, path);
+  } catch (...) {
+    ::munmap(map_, map_size_);  // a throwing constructor runs no destructor
+    map_ = nullptr;
+    throw;
+  }
+  tensors_ = std::move(h.tensors);
+  metadata_ = std::move(h.metadata);
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -190,18 +224,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     std::ifstream f(index);
-    json j;
-    try {
-      j = json::parse(f);
-    } catch (const json::parse_error& e) {
-      DI_FAIL("{}: not valid JSON ({})", index.string(), e.what());
-    }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      DI_FAIL("{}: has no weight_map object", index.string());
-    for (auto& [name, file] : j["weight_map"].items()) {
-      const std::string f = file.get<std::string>();
-      if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
-    }
+    if (!f) DI_FAIL("cannot open {}", index.string());
+    std::stringstream ss;
+    ss << f.rdbuf();
+    shards = parse_safetensors_index(ss.str(), index.string());
   } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
     shards.push_back("model.safetensors");
   } else {
