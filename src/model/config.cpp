@@ -82,7 +82,7 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     DI_FAIL("{}: not valid JSON ({})", source, e.what());
   }
   if (!j.is_object()) DI_FAIL("{}: expected a JSON object at the top level", source);
