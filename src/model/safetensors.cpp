@@ -114,7 +114,7 @@ SafetensorsHeader parse_safetensors(const std::byte* base, size_t size, const st
   json header;
   try {
     header = json::parse(std::string_view(reinterpret_cast<const char*>(base + 8), header_len));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     DI_FAIL("{}: corrupt safetensors header ({})", path, e.what());
   }
   if (!header.is_object()) DI_FAIL("{}: safetensors header is not a JSON object", path);
@@ -136,22 +136,33 @@ SafetensorsHeader parse_safetensors(const std::byte* base, size_t size, const st
     TensorView t;
     t.name = name;
     t.file = path;
+    if (!entry["dtype"].is_string())
+      DI_FAIL("{}: dtype must be a string such as \"BF16\", got {}", where, entry["dtype"].dump());
     t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
+    if (!entry["shape"].is_array())
+      DI_FAIL("{}: shape must be an array of sizes, got {}", where, entry["shape"].dump());
+    // The bytes the shape needs, computed without overflow: the data check below then bounds
+    // the element count, so numel() cannot overflow either.
+    uint64_t needed = dtype_size(t.dtype);
+    bool overflow = false;
     for (auto& d : entry["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
         DI_FAIL("{}: bad shape {}", where, entry["shape"].dump());
       t.shape.push_back(d.get<int64_t>());
+      overflow = overflow || __builtin_mul_overflow(needed, d.get<uint64_t>(), &needed);
     }
     const auto& off = entry["data_offsets"];
-    if (!off.is_array() || off.size() != 2) DI_FAIL("{}: data_offsets must be [begin, end]", where);
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      DI_FAIL("{}: data_offsets must be [begin, end], two byte offsets, got {}", where, off.dump());
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data_size)
       DI_FAIL("{}: data [{}, {}) lies outside the {} data bytes of the file (truncated file?)",
               where, b, e, data_size);
     t.nbytes = size_t(e - b);
-    if (t.nbytes != size_t(t.numel()) * dtype_size(t.dtype))
+    if (overflow || t.nbytes != needed)
       DI_FAIL("{}: {} bytes stored but {}{} needs {}", where, t.nbytes, dtype_name(t.dtype),
-              shape_str(t.shape), size_t(t.numel()) * dtype_size(t.dtype));
+              shape_str(t.shape), overflow ? "more than 2^64" : std::to_string(needed));
     t.data = base + data_start + b;
     ranges.emplace_back(b, e);
     out.tensors.emplace(name, std::move(t));
@@ -168,13 +179,18 @@ std::vector<std::string> parse_safetensors_index(const std::string& json_text,
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     DI_FAIL("{}: not valid JSON ({})", source, e.what());
   }
   if (!j.contains("weight_map") || !j["weight_map"].is_object())
     DI_FAIL("{}: has no weight_map object", source);
   std::vector<std::string> shards;
   for (auto& [name, file] : j["weight_map"].items()) {
+    // A plain file name in the checkpoint folder, as HF writes them.
+    if (!file.is_string() || file.get<std::string>().empty() ||
+        file.get<std::string>().find('/') != std::string::npos || file == "." || file == "..")
+      DI_FAIL("{}: weight_map[\"{}\"] must name a shard file in the same folder, got {}", source,
+              name, file.dump(-1, ' ', false, json::error_handler_t::replace));
     const std::string f = file.get<std::string>();
     if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
   }
