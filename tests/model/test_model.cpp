@@ -63,6 +63,21 @@ TEST(Config, NumberOutOfRangeIsAnError) {
   EXPECT_EQ(error_of([&] { parse_config(read_text(kTiny + "/config.json"), "test.json"); }), "");
 }
 
+// Sizes past int32 (found by fuzz/config.cpp: qk_head_dim() overflowed int64) are Errors
+// naming the field.
+TEST(Config, SizesPastInt32AreErrors) {
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"qk_nope_head_dim", INT64_MAX},
+                                                    {"hidden_size", int64_t(1) << 31},
+                                                    {"eos_token_id", int64_t(1) << 40},
+                                                    {"bos_token_id", INT64_MIN}}) {
+    auto j = nlohmann::json::parse(read_text(kTiny + "/config.json"));
+    j[field] = value;
+    const std::string msg = error_of([&] { parse_config(j.dump(), "test.json").qk_head_dim(); });
+    EXPECT_NE(msg.find("'" + field + "'"), std::string::npos) << field << ": " << msg;
+  }
+}
+
 // A safetensors file's bytes: the 8-byte little-endian header length, the header, `data` zeros.
 std::string safetensors_bytes(const std::string& header, size_t data) {
   std::string out(8, '\0');
