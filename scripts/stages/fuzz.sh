@@ -57,7 +57,7 @@ for t in "${targets[@]}"; do
     r=PASS; note=""
   else
     r=FAIL; failed=1
-    note=$(grep -m1 -oE 'ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer)[^(]*|runtime error:.*|terminate called.*|Test unit written to .*' "$log" | head -n 2 | paste -sd ' ' || true)
+    note=$(grep -oE 'ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer)[^(]*|runtime error:.*|what\(\): .*|Test unit written to .*' "$log" | head -n 3 | paste -sd ' ' || true)
     note="${note:-see $log}"
   fi
   secs=$(($(date +%s) - start))
