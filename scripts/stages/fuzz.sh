@@ -42,7 +42,7 @@ limit=(-max_total_time="$FUZZ_SECONDS")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
-printf '%-20s %-6s %12s %8s %s\n' target result executions seconds note
+printf '%-20s %-6s %12s %6s %8s %s\n' target result executions edges seconds note
 for t in "${targets[@]}"; do
   bin=$FUZZ_BUILD_DIR/bin/fuzz_$t
   [[ -x $bin ]] || { printf '%-20s %-6s %s\n' "$t" FAIL "no $bin (not in fuzz/CMakeLists.txt?)"; failed=1; continue; }
@@ -62,7 +62,9 @@ for t in "${targets[@]}"; do
   fi
   secs=$(($(date +%s) - start))
   execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')
-  printf '%-20s %-6s %12s %8s %s\n' "$t" "$r" "$execs" "$secs" "$note"
+  # edges: libFuzzer's coverage counter (instrumented edges reached) at the end of the run.
+  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1 | grep -oE '[0-9]+' || echo '?')
+  printf '%-20s %-6s %12s %6s %8s %s\n' "$t" "$r" "$execs" "$cov" "$secs" "$note"
 done
 ((failed == 0)) || { echo "fuzz: findings above; inputs and logs in $LOGS"; exit 1; }
 echo "fuzz: ${#targets[@]} targets clean (logs in $LOGS)"
