@@ -112,8 +112,9 @@ TEST(Safetensors, MalformedHeaderEntriesAreErrors) {
   for (const auto& [header, expected] : cases) {
     const std::string msg = error_of([&] { parse_bytes(safetensors_bytes(header, 8)); });
     EXPECT_NE(msg.find(expected), std::string::npos) << header << "\n" << msg;
-    if (std::string(expected) != "corrupt")
+    if (std::string(expected) != "corrupt") {
       EXPECT_NE(msg.find("tensor a"), std::string::npos) << msg;
+    }
   }
 }
 
