@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "comm/group_decorator.h"
 #include "core/check.h"
@@ -44,9 +45,15 @@ CapabilitiesFile load_capabilities(const std::string& path) {
         "DEEPINFER_CAPABILITIES: cannot open '{}'; write one with `deepinfer check collectives "
         "--save-capabilities FILE` or unset the variable",
         path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_capabilities(ss.str(), path);
+}
+
+CapabilitiesFile parse_capabilities(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     DI_FAIL("capabilities file '{}' is not valid JSON: {}", path, e.what());
   }

@@ -20,6 +20,8 @@ void save_capabilities(const std::string& path, const Capabilities& caps,
                        const std::string& backend);
 // Throws Error naming the file and the problem (missing, not JSON, missing or mistyped field).
 CapabilitiesFile load_capabilities(const std::string& path);
+// The same checks on the file's text; `path` names it in the messages.
+CapabilitiesFile parse_capabilities(const std::string& text, const std::string& path);
 
 // Wraps `inner` so capabilities() reports the file's values (all else forwards). Warns when the
 // file was measured on a different backend.

@@ -3,6 +3,7 @@
 #include <deepinfer/error.h>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -82,7 +83,7 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     DI_FAIL("{}: not valid JSON ({})", source, e.what());
   }
   if (!j.is_object()) DI_FAIL("{}: expected a JSON object at the top level", source);
@@ -209,6 +210,35 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
     c.fp8_weights = true;
     c.ue8m0_scales = sf == "ue8m0";
   }
+
+  // Sizes and ids past int32 describe no model (token ids are int32), and sums such as
+  // qk_head_dim() must not overflow int64.
+  for (auto [f, v] : {std::pair{"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"moe_intermediate_size", c.moe_intermediate_size},
+                      {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"first_k_dense_replace", c.first_k_dense_replace},
+                      {"moe_layer_freq", c.moe_layer_freq},
+                      {"n_routed_experts", c.n_routed_experts},
+                      {"n_shared_experts", c.n_shared_experts},
+                      {"num_experts_per_tok", c.num_experts_per_tok},
+                      {"n_group", c.n_group},
+                      {"topk_group", c.topk_group},
+                      {"q_lora_rank", c.q_lora_rank},
+                      {"kv_lora_rank", c.kv_lora_rank},
+                      {"qk_nope_head_dim", c.qk_nope_head_dim},
+                      {"qk_rope_head_dim", c.qk_rope_head_dim},
+                      {"v_head_dim", c.v_head_dim},
+                      {"max_position_embeddings", c.max_position_embeddings},
+                      {"num_nextn_predict_layers", c.num_nextn_predict_layers},
+                      {"bos_token_id", c.bos_token_id},
+                      {"eos_token_id", c.eos_token_id},
+                      {"rope_scaling.original_max_position_embeddings",
+                       c.rope_scaling.original_max_position_embeddings}})
+    if (v > INT32_MAX || v < INT32_MIN)
+      r.bad(f, fmt::format("is {}: larger than any model's (at most {})", v, INT32_MAX));
   return c;
 }
 

@@ -103,6 +103,100 @@ std::string TensorView::describe() const {
                      std::filesystem::path(file).filename().string());
 }
 
+SafetensorsHeader parse_safetensors(const std::byte* base, size_t size, const std::string& path) {
+  if (size < 8)
+    DI_FAIL("{} is {} bytes: too short to be a safetensors file (truncated download?)", path, size);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
+  if (header_len > kMaxHeaderBytes || 8 + header_len > size)
+    DI_FAIL("{}: header length {} exceeds the file size {} (truncated or not a safetensors file)",
+            path, header_len, size);
+  json header;
+  try {
+    header = json::parse(std::string_view(reinterpret_cast<const char*>(base + 8), header_len));
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
+    DI_FAIL("{}: corrupt safetensors header ({})", path, e.what());
+  }
+  if (!header.is_object()) DI_FAIL("{}: safetensors header is not a JSON object", path);
+  SafetensorsHeader out;
+  const size_t data_start = 8 + header_len;
+  const size_t data_size = size - data_start;
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (entry.is_object())
+        for (auto& [k, v] : entry.items())
+          if (v.is_string()) out.metadata[k] = v.get<std::string>();
+      continue;
+    }
+    const std::string where = path + ": tensor " + name;
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets"))
+      DI_FAIL("{}: header entry lacks dtype/shape/data_offsets", where);
+    TensorView t;
+    t.name = name;
+    t.file = path;
+    if (!entry["dtype"].is_string())
+      DI_FAIL("{}: dtype must be a string such as \"BF16\", got {}", where, entry["dtype"].dump());
+    t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
+    if (!entry["shape"].is_array())
+      DI_FAIL("{}: shape must be an array of sizes, got {}", where, entry["shape"].dump());
+    // The bytes the shape needs, computed without overflow: the data check below then bounds
+    // the element count, so numel() cannot overflow either.
+    uint64_t needed = dtype_size(t.dtype);
+    bool overflow = false;
+    for (auto& d : entry["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        DI_FAIL("{}: bad shape {}", where, entry["shape"].dump());
+      t.shape.push_back(d.get<int64_t>());
+      overflow = overflow || __builtin_mul_overflow(needed, d.get<uint64_t>(), &needed);
+    }
+    const auto& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      DI_FAIL("{}: data_offsets must be [begin, end], two byte offsets, got {}", where, off.dump());
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    if (b > e || e > data_size)
+      DI_FAIL("{}: data [{}, {}) lies outside the {} data bytes of the file (truncated file?)",
+              where, b, e, data_size);
+    t.nbytes = size_t(e - b);
+    if (overflow || t.nbytes != needed)
+      DI_FAIL("{}: {} bytes stored but {}{} needs {}", where, t.nbytes, dtype_name(t.dtype),
+              shape_str(t.shape), overflow ? "more than 2^64" : std::to_string(needed));
+    t.data = base + data_start + b;
+    ranges.emplace_back(b, e);
+    out.tensors.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      DI_FAIL("{}: two tensors overlap at byte {} (corrupt header)", path, ranges[i].first);
+  return out;
+}
+
+std::vector<std::string> parse_safetensors_index(const std::string& json_text,
+                                                 const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
+    DI_FAIL("{}: not valid JSON ({})", source, e.what());
+  }
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    DI_FAIL("{}: has no weight_map object", source);
+  std::vector<std::string> shards;
+  for (auto& [name, file] : j["weight_map"].items()) {
+    // A plain file name in the checkpoint folder, as HF writes them.
+    if (!file.is_string() || file.get<std::string>().empty() ||
+        file.get<std::string>().find('/') != std::string::npos || file == "." || file == "..")
+      DI_FAIL("{}: weight_map[\"{}\"] must name a shard file in the same folder, got {}", source,
+              name, file.dump(-1, ' ', false, json::error_handler_t::replace));
+    const std::string f = file.get<std::string>();
+    if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+  }
+  return shards;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) DI_FAIL("cannot open {}: {}", path, std::strerror(errno));
@@ -123,60 +217,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     map_ = nullptr;
     DI_FAIL("cannot mmap {}: {}", path, std::strerror(errno));
   }
-  const auto* base = static_cast<const std::byte*>(map_);
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, base, 8);  // little-endian on every platform we build for
-  if (header_len > kMaxHeaderBytes || 8 + header_len > map_size_)
-    DI_FAIL("{}: header length {} exceeds the file size {} (truncated or not a safetensors file)",
-            path, header_len, map_size_);
-  json header;
+  SafetensorsHeader h;
   try {
-    header = json::parse(std::string_view(reinterpret_cast<const char*>(base + 8), header_len));
-  } catch (const json::parse_error& e) {
-    DI_FAIL("{}: corrupt safetensors header ({})", path, e.what());
+    h = parse_safetensors(static_cast<const std::byte*>(map_), map_size_, path);
+  } catch (...) {
+    ::munmap(map_, map_size_);  // a throwing constructor runs no destructor
+    map_ = nullptr;
+    throw;
   }
-  if (!header.is_object()) DI_FAIL("{}: safetensors header is not a JSON object", path);
-  const size_t data_start = 8 + header_len;
-  const size_t data_size = map_size_ - data_start;
-  std::vector<std::pair<size_t, size_t>> ranges;
-  for (auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      if (entry.is_object())
-        for (auto& [k, v] : entry.items())
-          if (v.is_string()) metadata_[k] = v.get<std::string>();
-      continue;
-    }
-    const std::string where = path + ": tensor " + name;
-    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-        !entry.contains("data_offsets"))
-      DI_FAIL("{}: header entry lacks dtype/shape/data_offsets", where);
-    TensorView t;
-    t.name = name;
-    t.file = path;
-    t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
-    for (auto& d : entry["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        DI_FAIL("{}: bad shape {}", where, entry["shape"].dump());
-      t.shape.push_back(d.get<int64_t>());
-    }
-    const auto& off = entry["data_offsets"];
-    if (!off.is_array() || off.size() != 2) DI_FAIL("{}: data_offsets must be [begin, end]", where);
-    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    if (b > e || e > data_size)
-      DI_FAIL("{}: data [{}, {}) lies outside the {} data bytes of the file (truncated file?)",
-              where, b, e, data_size);
-    t.nbytes = size_t(e - b);
-    if (t.nbytes != size_t(t.numel()) * dtype_size(t.dtype))
-      DI_FAIL("{}: {} bytes stored but {}{} needs {}", where, t.nbytes, dtype_name(t.dtype),
-              shape_str(t.shape), size_t(t.numel()) * dtype_size(t.dtype));
-    t.data = base + data_start + b;
-    ranges.emplace_back(b, e);
-    tensors_.emplace(name, std::move(t));
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second)
-      DI_FAIL("{}: two tensors overlap at byte {} (corrupt header)", path, ranges[i].first);
+  tensors_ = std::move(h.tensors);
+  metadata_ = std::move(h.metadata);
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -190,18 +240,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     std::ifstream f(index);
-    json j;
-    try {
-      j = json::parse(f);
-    } catch (const json::parse_error& e) {
-      DI_FAIL("{}: not valid JSON ({})", index.string(), e.what());
-    }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      DI_FAIL("{}: has no weight_map object", index.string());
-    for (auto& [name, file] : j["weight_map"].items()) {
-      const std::string f = file.get<std::string>();
-      if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
-    }
+    if (!f) DI_FAIL("cannot open {}", index.string());
+    std::stringstream ss;
+    ss << f.rdbuf();
+    shards = parse_safetensors_index(ss.str(), index.string());
   } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
     shards.push_back("model.safetensors");
   } else {

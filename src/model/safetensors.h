@@ -30,6 +30,21 @@ struct TensorView {
   }
 };
 
+// A safetensors file's tensors (data pointing into the bytes parsed) and __metadata__.
+struct SafetensorsHeader {
+  std::map<std::string, TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses a whole safetensors file held in `size` bytes at `base` (the 8-byte header length, the
+// JSON header, the data): every entry is checked against `size`. Throws Error naming `path`.
+SafetensorsHeader parse_safetensors(const std::byte* base, size_t size, const std::string& path);
+
+// The shard files model.safetensors.index.json names (its weight_map's values), each once, in
+// first-seen order. Throws Error naming `source` when it is not such an index.
+std::vector<std::string> parse_safetensors_index(const std::string& json_text,
+                                                 const std::string& source);
+
 // One mmap'd .safetensors file.
 class SafetensorsFile {
  public:

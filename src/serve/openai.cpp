@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "tokenizer/utf8.h"
+
 namespace deepinfer::serve {
 
 namespace {
@@ -56,10 +58,12 @@ std::string content_text(const json& c, size_t i) {
 }  // namespace
 
 nlohmann::json ApiError::body() const {
+  // A message may quote the request's bytes (a JSON parse error shows the last ones read), which
+  // need not be UTF-8: invalid sequences become U+FFFD, or dump() would throw.
   return {{"error",
-           {{"message", what()},
+           {{"message", utf8::sanitize(what())},
             {"type", type},
-            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"param", param.empty() ? json(nullptr) : json(utf8::sanitize(param))},
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
@@ -67,7 +71,7 @@ CompletionParams parse_completion(const std::string& body, bool chat) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     bad("", fmt::format("the body is not valid JSON: {}", e.what()));
   }
   if (!j.is_object()) bad("", "the body must be a JSON object");

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,92 @@ TEST(Config, BadFieldIsNamed) {
   k.erase("hidden_size");
   const std::string msg2 = error_of([&] { parse_config(k.dump(), "test.json"); });
   EXPECT_NE(msg2.find("hidden_size"), std::string::npos) << msg2;
+}
+
+// A number past double's range (here "41e308", found by fuzz/config.cpp) makes the JSON parser
+// throw out_of_range, not parse_error: still an Error naming the file.
+TEST(Config, NumberOutOfRangeIsAnError) {
+  std::string text = read_text(kTiny + "/config.json");
+  const size_t at = text.find("\"num_key_value_heads\": 4");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 26, "\"num_key_value_heads\": 41e308");
+  const std::string msg = error_of([&] { parse_config(text, "test.json"); });
+  EXPECT_NE(msg.find("test.json: not valid JSON"), std::string::npos) << msg;
+  EXPECT_EQ(error_of([&] { parse_config(read_text(kTiny + "/config.json"), "test.json"); }), "");
+}
+
+// Sizes past int32 (found by fuzz/config.cpp: qk_head_dim() overflowed int64) are Errors
+// naming the field.
+TEST(Config, SizesPastInt32AreErrors) {
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"qk_nope_head_dim", INT64_MAX},
+                                                    {"hidden_size", int64_t(1) << 31},
+                                                    {"eos_token_id", int64_t(1) << 40},
+                                                    {"bos_token_id", INT64_MIN}}) {
+    auto j = nlohmann::json::parse(read_text(kTiny + "/config.json"));
+    j[field] = value;
+    const std::string msg = error_of([&] { parse_config(j.dump(), "test.json").qk_head_dim(); });
+    EXPECT_NE(msg.find("'" + field + "'"), std::string::npos) << field << ": " << msg;
+  }
+}
+
+// A safetensors file's bytes: the 8-byte little-endian header length, the header, `data` zeros.
+std::string safetensors_bytes(const std::string& header, size_t data) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + std::string(data, '\0');
+}
+
+SafetensorsHeader parse_bytes(const std::string& bytes) {
+  return parse_safetensors(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), "f");
+}
+
+// Headers that are JSON but not a valid tensor list (the checks fuzz/safetensors_header.cpp
+// found missing): each an Error naming the tensor and the field, never a json exception, an
+// int64 overflow (UBSan) or a tensor whose elements do not fit its bytes.
+TEST(Safetensors, MalformedHeaderEntriesAreErrors) {
+  const std::string valid = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  EXPECT_EQ(parse_bytes(safetensors_bytes(valid, 8)).tensors.at("a").nbytes, 8u);
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"a": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 4]}})", "corrupt"},
+      {R"({"a": {"dtype": 5, "shape": [1], "data_offsets": [0, 4]}})", "dtype must be a string"},
+      {R"({"a": {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]}})", "shape must be an array"},
+      {R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": ["0", 4]}})", "data_offsets"},
+      {R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 4]}})", "data_offsets"},
+      {R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0.5, 4]}})", "data_offsets"},
+      // 2^32 * 2^32 bytes: wrapped to 0, it matched an empty data range.
+      {R"({"a": {"dtype": "U8", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
+       "more than 2^64"},
+      {R"({"a": {"dtype": "BF16", "shape": [9223372036854775807, 3], "data_offsets": [0, 4]}})",
+       "more than 2^64"},
+  };
+  for (const auto& [header, expected] : cases) {
+    const std::string msg = error_of([&] { parse_bytes(safetensors_bytes(header, 8)); });
+    EXPECT_NE(msg.find(expected), std::string::npos) << header << "\n" << msg;
+    if (std::string(expected) != "corrupt") {
+      EXPECT_NE(msg.find("tensor a"), std::string::npos) << msg;
+    }
+  }
+}
+
+// model.safetensors.index.json: a number past double's range (found by
+// fuzz/safetensors_index.cpp) and shard names that are not files of the folder are Errors.
+TEST(Safetensors, MalformedIndexIsAnError) {
+  EXPECT_EQ(parse_safetensors_index(R"({"weight_map": {"a": "s1", "b": "s2", "c": "s1"}})", "i"),
+            (std::vector<std::string>{"s1", "s2"}));
+  for (const char* text : {
+           R"({"metadata": {"total_size": 1e3087103480}, "weight_map": {}})",
+           R"({"weight_map": {"a": 7}})",
+           R"({"weight_map": {"a": ""}})",
+           R"({"weight_map": {"a": "../model.safetensors"}})",
+           R"({"weight_map": {"a": ".."}})",
+           R"({"weight_map": ["a"]})",
+           R"([1])",
+       }) {
+    const std::string msg = error_of([&] { parse_safetensors_index(text, "index.json"); });
+    EXPECT_NE(msg.find("index.json"), std::string::npos) << text << "\n" << msg;
+  }
 }
 
 TEST(Safetensors, TruncatedMissingWrongShapeAndDtype) {

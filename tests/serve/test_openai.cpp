@@ -98,5 +98,35 @@ TEST(OpenAi, ErrorBodyHasTheOpenAiShape) {
   EXPECT_TRUE(ApiError(400, "x").body()["error"]["param"].is_null());
 }
 
+// Bodies fuzz/openai_request.cpp found: each a 400 whose error body serializes (the server
+// dumps it), for both endpoints.
+TEST(OpenAi, MalformedBodiesAreA400WithASerializableBody) {
+  const std::string bodies[] = {
+      // Invalid UTF-8 after a key: the parse error quotes the bytes read, and dump() threw.
+      std::string(
+          R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8, "stop": ["\n", "."], )"
+          R"("seed": 7, "top_p": 0.9, "top)") +
+          "\xab\x94\xdd\xc5\xdf\xcb\xcf\x82",
+      // A number past double's range: the parser throws out_of_range, not parse_error (a 500).
+      R"({"prompt": "x", "max_tokens": 1e999})",
+  };
+  for (const std::string& body : bodies) {
+    for (const bool chat : {true, false}) {
+      try {
+        parse_completion(body, chat);
+        ADD_FAILURE() << "accepted: " << body;
+      } catch (const ApiError& e) {
+        EXPECT_EQ(e.status, 400);
+        const std::string dumped = e.body().dump();
+        EXPECT_NE(dumped.find("not valid JSON"), std::string::npos) << dumped;
+      }
+    }
+  }
+  // Bytes that are not UTF-8 in a message become U+FFFD in the body.
+  const auto b = ApiError(400, "bad \xff byte", "invalid_request_error", "p\xc3").body();
+  EXPECT_EQ(b["error"]["message"], "bad \xef\xbf\xbd byte");
+  EXPECT_EQ(b["error"]["param"], "p\xef\xbf\xbd");
+}
+
 }  // namespace
 }  // namespace deepinfer::serve
