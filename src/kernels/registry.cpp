@@ -6,7 +6,11 @@
 
 #include "core/check.h"
 #include "kernels/attention.h"
+#include "kernels/cast.h"
+#include "kernels/engram.h"
 #include "kernels/gemm.h"
+#include "kernels/mhc.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/quant.h"
 #include "kernels/rope.h"
@@ -48,7 +52,7 @@ KernelBackend current_backend() {
 }
 
 std::span<const std::string_view> op_names() {
-  static constexpr std::array<std::string_view, 16> kNames{
+  static constexpr std::array<std::string_view, 32> kNames{
       OpSpec<QuantTokenParams>::name,
       OpSpec<QuantBlockParams>::name,
       OpSpec<DequantTokenParams>::name,
@@ -65,6 +69,22 @@ std::span<const std::string_view> op_names() {
       OpSpec<RouterParams>::name,
       OpSpec<SamplingParams>::name,
       OpSpec<SwigluParams>::name,
+      OpSpec<EngramHashParams>::name,
+      OpSpec<EngramGateParams>::name,
+      OpSpec<MhcPreParams>::name,
+      OpSpec<MhcPostParams>::name,
+      OpSpec<MhcHeadParams>::name,
+      OpSpec<FusedMappingParams>::name,
+      OpSpec<ExpandToFusedParams>::name,
+      OpSpec<ReduceFusedParams>::name,
+      OpSpec<GroupCountParams>::name,
+      OpSpec<MaskIndicesByTpParams>::name,
+      OpSpec<CastE2m1Params>::name,
+      OpSpec<CastBackE2m1Params>::name,
+      OpSpec<CastE5m6Params>::name,
+      OpSpec<CastBackE5m6Params>::name,
+      OpSpec<CastE2m1ToE4m3Params>::name,
+      OpSpec<PerChannelCastParams>::name,
   };
   return kNames;
 }

@@ -44,6 +44,11 @@ void router_scores(ScoringFunc f, const float* logits, int64_t n, float* out) {
     for (int64_t e = 0; e < n; ++e) out[e] = 1.0f / (1.0f + std::exp(-logits[e]));
     return;
   }
+  if (f == ScoringFunc::sqrt_softplus) {
+    for (int64_t e = 0; e < n; ++e)
+      out[e] = std::sqrt(logits[e] > 20.0f ? logits[e] : std::log1p(std::exp(logits[e])));
+    return;
+  }
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t e = 0; e < n; ++e) m = std::max(m, logits[e]);
   float sum = 0.0f;
@@ -64,7 +69,15 @@ std::string_view to_string(TopkMethod m) {
 }
 
 std::string_view to_string(ScoringFunc f) {
-  return f == ScoringFunc::sigmoid ? "sigmoid" : "softmax";
+  switch (f) {
+    case ScoringFunc::sigmoid:
+      return "sigmoid";
+    case ScoringFunc::softmax:
+      return "softmax";
+    case ScoringFunc::sqrt_softplus:
+      return "sqrt_softplus";
+  }
+  return "?";
 }
 
 void router(const RouterParams& p) { dispatch(p, host::router, cpu::router); }

@@ -1,9 +1,10 @@
 // MoE router top-k (docs/numerics.md §7): noaux_tc (V3) and
 // the V2 variants greedy / group_limited_greedy, sigmoid or softmax scoring.
 //
-// Per token, all fp32: s = sigmoid(l) or softmax(l); selection score b = s + bias (noaux_tc;
-// the bias only affects selection). With n_group > 1, group score = sum of the group's top-2 b
-// (noaux_tc) or the group max (group_limited_greedy); the topk_group best groups are kept (ties
+// Per token, all fp32: s = sigmoid(l), softmax(l) or sqrt(softplus(l)) (softplus = l above 20);
+// selection score b = s + bias (noaux_tc; the bias only affects selection). With n_group > 1, group
+// score = sum of the group's top-2 b (noaux_tc) or the group max (group_limited_greedy); the
+// topk_group best groups are kept (ties
 // -> lower group id) and every other expert is excluded (-inf). top_k of b, ordered by b
 // descending, ties -> lower expert id. Weights = s[idx] (unbiased), divided by their sum if
 // norm_topk_prob, times routed_scaling_factor.
@@ -22,7 +23,7 @@
 
 namespace deepinfer::kernels {
 
-enum class ScoringFunc : uint8_t { sigmoid, softmax };
+enum class ScoringFunc : uint8_t { sigmoid, softmax, sqrt_softplus };
 enum class TopkMethod : uint8_t { noaux_tc, greedy, group_limited_greedy };
 
 struct RouterParams {
@@ -54,7 +55,8 @@ void router(const RouterParams& p);
 }
 
 // Scores of one token, fp32 (shared by the backends so their selections agree bit for bit):
-// out [n] = sigmoid(l) or softmax(l) (softmax: max-subtracted, fp32 exp, fp32 sum in index order).
+// out [n] = sigmoid(l), softmax(l) (max-subtracted, fp32 exp, fp32 sum in index order) or
+// sqrt(softplus(l)) with softplus(l) = l for l > 20, else log1p(exp(l)).
 void router_scores(ScoringFunc f, const float* logits, int64_t n, float* out);
 
 std::string_view to_string(TopkMethod m);

@@ -1,0 +1,134 @@
+// cpu: Engram hash (Lemire's fastmod with a precomputed 128-bit reciprocal per head instead of a
+// division) and gate (Highway SIMD sums in a fixed lane order per row: batch-invariant). Tokens
+// over kernel_pool().
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/engram.cpp"
+// clang-format off
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+// clang-format on
+#include "kernels/engram.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/activation_simd-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Rows (token, branch) [r0, r1) of the gate.
+void engram_gate_rows(const EngramGateParams& p, int64_t r0, int64_t r1) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = int64_t(hn::Lanes(df)), D = p.dim;
+  for (int64_t row = r0; row < r1; ++row) {
+    const int64_t t = row / p.hc, i = row % p.hc;
+    const bf16 *x = p.x + row * D, *k = p.k + row * D, *v = p.v + t * D;
+    const float* w = p.w_fused + i * D;
+    auto vr = hn::Zero(df), vx = hn::Zero(df), vk = hn::Zero(df);
+    int64_t d = 0;
+    for (; d + N <= D; d += N) {
+      const auto a = load_bf16(df, x + d), b = load_bf16(df, k + d);
+      vr = hn::MulAdd(hn::Mul(a, hn::LoadU(df, w + d)), b, vr);
+      vx = hn::MulAdd(a, a, vx);
+      vk = hn::MulAdd(b, b, vk);
+    }
+    float raw = hn::GetLane(hn::SumOfLanes(df, vr)), sx = hn::GetLane(hn::SumOfLanes(df, vx)),
+          sk = hn::GetLane(hn::SumOfLanes(df, vk));
+    for (; d < D; ++d) {
+      const float a = bf16_to_f32(x[d]), b = bf16_to_f32(k[d]);
+      raw += a * w[d] * b;
+      sx += a * a;
+      sk += b * b;
+    }
+    const float rx = 1.0f / std::sqrt(sx / float(D) + p.eps);
+    const float rk = 1.0f / std::sqrt(sk / float(D) + p.eps);
+    const float g = engram_gate_value(raw, rx, rk, D, p.clamp);
+    const auto vg = hn::Set(df, g);
+    bf16* out = p.out + row * D;
+    d = 0;
+    for (; d + N <= D; d += N)
+      store_bf16(df, hn::MulAdd(vg, load_bf16(df, v + d), load_bf16(df, x + d)), out + d);
+    for (; d < D; ++d) out[d] = f32_to_bf16(std::fma(g, bf16_to_f32(v[d]), bf16_to_f32(x[d])));
+    if (p.raw) p.raw[row] = raw;
+    if (p.gate) p.gate[row] = g;
+    if (p.rstd_x) p.rstd_x[row] = rx;
+    if (p.rstd_k) p.rstd_k[row] = rk;
+  }
+}
+
+}  // namespace deepinfer::kernels::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deepinfer::kernels::cpu {
+namespace {
+
+using u128 = unsigned __int128;
+
+// a mod d for any 64-bit a and d < 2^63 (Lemire, Kaser, Kurz 2019: M = ceil(2^128 / d)).
+struct FastMod {
+  u128 m;
+  uint64_t d;
+  explicit FastMod(uint64_t div) : m(~u128(0) / div + 1), d(div) {}
+  uint64_t mod(uint64_t a) const {
+    const u128 low = m * a;  // mod 2^128
+    const u128 lo = u128(uint64_t(low)) * d, hi = u128(uint64_t(low >> 64)) * d;
+    return uint64_t((hi + (lo >> 64)) >> 64);
+  }
+  // Non-negative remainder of a signed value (Python's %).
+  uint64_t mod_signed(int64_t a) const {
+    if (a >= 0) return mod(uint64_t(a));
+    const uint64_t r = mod(uint64_t(0) - uint64_t(a));
+    return r == 0 ? 0 : d - r;
+  }
+};
+
+}  // namespace
+
+HWY_EXPORT(engram_gate_rows);
+
+void engram_hash(const EngramHashParams& p) {
+  p.validate();
+  const int64_t G = p.max_ngram, H = p.heads(), N = p.num_tokens, L = p.num_layers;
+  std::vector<FastMod> mods;
+  mods.reserve(size_t(L * H));
+  for (int64_t i = 0; i < L * H; ++i) mods.emplace_back(uint64_t(p.vocab_sizes[i]));
+  kernel_pool().parallel_for(N, 256, [&](int64_t t0, int64_t t1) {
+    std::vector<uint64_t> mix(static_cast<size_t>(G));
+    for (int64_t t = t0; t < t1; ++t) {
+      p.check_ids(t);
+      const int32_t* ids = p.ngram_ids + t * G;
+      for (int64_t l = 0; l < L; ++l) {
+        int32_t* o = p.out + (l * N + t) * H;
+        if (ids[0] == -1) {
+          std::fill(o, o + H, -1);
+          continue;
+        }
+        // mix[n] = XOR of the first n + 1 products (the running hash of order n + 1).
+        uint64_t acc = uint64_t(int64_t(ids[0])) * uint64_t(p.multipliers[l * G]);
+        for (int64_t k = 1; k < G; ++k) {
+          acc ^= uint64_t(int64_t(ids[k])) * uint64_t(p.multipliers[l * G + k]);
+          mix[size_t(k)] = acc;
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const uint64_t m = mix[size_t(1 + h / p.heads_per_ngram)];
+          o[h] = int32_t(int64_t(mods[size_t(l * H + h)].mod_signed(int64_t(m))) +
+                         p.offsets[l * H + h]);
+        }
+      }
+    }
+  });
+}
+
+void engram_gate(const EngramGateParams& p) {
+  p.validate();
+  const int64_t grain = std::max<int64_t>(1, 8192 / p.dim);
+  kernel_pool().parallel_for(p.num_tokens * p.hc, grain, [&](int64_t r0, int64_t r1) {
+    HWY_DYNAMIC_DISPATCH(engram_gate_rows)(p, r0, r1);
+  });
+}
+
+}  // namespace deepinfer::kernels::cpu
+#endif

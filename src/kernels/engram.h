@@ -1,0 +1,138 @@
+// Engram kernels (docs/kernels.md §Engram): the n-gram hash of every Engram layer in one call, and
+// the fused gate with its residual. Plus the hash parameters (odd multipliers from NumPy's
+// default_rng, distinct prime table sizes), derived once from the config.
+#pragma once
+
+#include <deepinfer/dtype.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/registry.h"
+
+namespace deepinfer::kernels {
+
+// ---- hash parameters
+// -----------------------------------------------------------------------------
+
+struct EngramHashConfig {
+  std::vector<int64_t> layer_ids;          // Engram blocks, in config order
+  int64_t max_ngram_size = 3;              // orders 2..max_ngram_size are looked up
+  int64_t n_head_per_ngram = 8;            // hash heads per order
+  std::vector<int64_t> engram_vocab_size;  // table budget per order (max_ngram_size - 1 entries)
+  int64_t seed = 0;
+  int64_t vocab_size = 0;  // V': the compressed (canonical) vocabulary size
+  void validate() const;
+};
+
+// What engram_hash takes, for all layers of a config (L = layer_ids.size(), G = max_ngram_size,
+// H = (G - 1) * n_head_per_ngram heads per layer, head-major: order 2's heads, then order 3's...).
+struct EngramHashTables {
+  int64_t num_layers = 0, max_ngram = 0, heads_per_ngram = 0;
+  std::vector<int64_t> multipliers;  // [L, G]: m_k = 2 r_k + 1, r = default_rng(seed + 10007 L)
+  std::vector<int32_t> vocab_sizes;  // [L, H]: distinct primes, one per head
+  std::vector<int32_t> offsets;      // [L, H]: exclusive prefix sum of vocab_sizes per layer
+  std::vector<int64_t> rows;         // [L]: rows of each layer's table (sum of its primes)
+  int64_t heads() const { return (max_ngram - 1) * heads_per_ngram; }
+};
+
+EngramHashTables engram_hash_tables(const EngramHashConfig& c);
+
+// ---- engram_hash
+// ---------------------------------------------------------------------------------
+
+// out[l, t, h] = (XOR_{k < n(h)} ids[t, k] * mult[l, k]) mod vocab_sizes[l, h] + offsets[l, h],
+// where n(h) = 2 + h / heads_per_ngram (int64 wrap-around products, non-negative modulo).
+// ids[t, 0] = -1 (a masked token) gives -1 in every head of every layer.
+struct EngramHashParams {
+  const int32_t* ngram_ids = nullptr;    // [N, G]: column k = canonical id of token t-k (padded)
+  const int64_t* multipliers = nullptr;  // [L, G]
+  const int32_t* vocab_sizes = nullptr;  // [L, H]
+  const int32_t* offsets = nullptr;      // [L, H]
+  int32_t* out = nullptr;                // [L, N, H]
+  int64_t num_tokens = 0, num_layers = 0, max_ngram = 0, heads_per_ngram = 0;
+  int64_t heads() const { return (max_ngram - 1) * heads_per_ngram; }
+  void validate() const;
+  // ids ok: >= 0, or -1 in column 0 (a token is checked before it is hashed)
+  void check_ids(int64_t t) const;
+};
+
+// ---- engram_gate
+// ---------------------------------------------------------------------------------
+
+// Per token t and branch i (fp32 math): raw = sum_d x*w*k, rstd_x = 1/sqrt(mean(x^2) + eps),
+// rstd_k likewise, dot = raw * rstd_x * rstd_k / sqrt(d), g = sigmoid(sign(dot) *
+// sqrt(max(|dot|, clamp))), out = bf16(x + g * v).
+struct EngramGateParams {
+  const bf16* x = nullptr;         // [N, hc, d] hidden branches
+  const bf16* k = nullptr;         // [N, hc, d] keys
+  const bf16* v = nullptr;         // [N, d] value
+  const float* w_fused = nullptr;  // [hc, d] product of the two RMSNorm weights
+  bf16* out = nullptr;             // [N, hc, d]
+  float* raw = nullptr;            // [N, hc] or null: the unnormalised dot
+  float* gate = nullptr;           // [N, hc] or null: g
+  float* rstd_x = nullptr;         // [N, hc] or null
+  float* rstd_k = nullptr;         // [N, hc] or null
+  int64_t num_tokens = 0, hc = 4, dim = 0;
+  float eps = 1e-6f;
+  float clamp = 1e-6f;
+  void validate() const;
+};
+
+// g from the three sums of one (token, branch); shared by the backends.
+float engram_gate_value(float raw, float rstd_x, float rstd_k, int64_t dim, float clamp);
+
+void engram_hash(const EngramHashParams& p);
+void engram_gate(const EngramGateParams& p);
+
+namespace host {
+void engram_hash(const EngramHashParams& p);
+void engram_gate(const EngramGateParams& p);
+}  // namespace host
+namespace cpu {
+void engram_hash(const EngramHashParams& p);
+void engram_gate(const EngramGateParams& p);
+}  // namespace cpu
+
+template <>
+struct OpSpec<EngramHashParams> {
+  static constexpr const char* name = "engram_hash";
+  static std::string shape(const EngramHashParams& p) {
+    return fmt::format("n={} layers={} ngram={} heads={}", p.num_tokens, p.num_layers, p.max_ngram,
+                       p.heads());
+  }
+  template <class V>
+  static void visit(EngramHashParams& p, V& v) {
+    v.in("ngram_ids", p.ngram_ids, p.num_tokens * p.max_ngram);
+    v.in("multipliers", p.multipliers, p.num_layers * p.max_ngram);
+    v.in("vocab_sizes", p.vocab_sizes, p.num_layers * p.heads());
+    v.in("offsets", p.offsets, p.num_layers * p.heads());
+    v.out("out", p.out, p.num_layers * p.num_tokens * p.heads());
+  }
+};
+
+template <>
+struct OpSpec<EngramGateParams> {
+  static constexpr const char* name = "engram_gate";
+  static std::string shape(const EngramGateParams& p) {
+    return fmt::format("n={} hc={} d={}", p.num_tokens, p.hc, p.dim);
+  }
+  template <class V>
+  static void visit(EngramGateParams& p, V& v) {
+    const int64_t rows = p.num_tokens * p.hc;
+    v.in("x", p.x, rows * p.dim);
+    v.in("k", p.k, rows * p.dim);
+    v.in("v", p.v, p.num_tokens * p.dim);
+    v.in("w_fused", p.w_fused, p.hc * p.dim);
+    v.out("out", p.out, rows * p.dim);
+    v.out("raw", p.raw, rows);
+    v.out("gate", p.gate, rows);
+    v.out("rstd_x", p.rstd_x, rows);
+    v.out("rstd_k", p.rstd_k, rows);
+  }
+};
+
+}  // namespace deepinfer::kernels

@@ -1,0 +1,101 @@
+// Host reference: MoE layout kernels, one slot / row at a time.
+#include "kernels/moe.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace deepinfer::kernels::host {
+
+void fused_mapping(const FusedMappingParams& p) {
+  p.validate();
+  const int64_t E = p.num_experts, S = p.num_tokens * p.top_k;
+  std::vector<int64_t> count(size_t(E), 0);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t e = p.topk_idx[s];
+    DI_CHECK(e >= -1 && e < E, "fused_mapping: topk_idx[{}] = {} is outside [-1, {})", s, e, E);
+    if (e >= 0) ++count[size_t(e)];
+  }
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t aligned = (count[size_t(e)] + p.alignment - 1) / p.alignment * p.alignment;
+    p.expert_start[e] = int32_t(row);
+    p.expert_end[e] = int32_t(row + count[size_t(e)]);
+    p.num_tokens_per_expert[e] = int32_t(aligned);
+    row += aligned;
+  }
+  DI_CHECK(row <= p.num_rows,
+           "fused_mapping: the layout needs {} rows but {} were given (size it with "
+           "fused_rows_bound)",
+           row, p.num_rows);
+  for (int64_t r = 0; r < p.num_rows; ++r)
+    p.pos_to_expert[r] = p.pos_to_token[r] = p.pos_to_token_topk[r] = -1;
+  std::vector<int64_t> next(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) next[size_t(e)] = p.expert_start[e];
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t e = p.topk_idx[s];
+    if (e < 0) {
+      p.token_topk_to_pos[s] = -1;
+      continue;
+    }
+    const int64_t r = next[size_t(e)]++;
+    p.token_topk_to_pos[s] = int32_t(r);
+    p.pos_to_expert[r] = int32_t(e);
+    p.pos_to_token[r] = int32_t(s / p.top_k);
+    p.pos_to_token_topk[r] = int32_t(s);
+  }
+}
+
+void expand_to_fused(const ExpandToFusedParams& p) {
+  p.validate();
+  for (int64_t r = 0; r < p.num_rows; ++r)
+    if (p.pos_to_expert[r] < 0) {
+      std::memset(p.out + r * p.row_bytes, 0, size_t(p.row_bytes));
+      for (int64_t c = 0; c < p.sf_cols && p.out_sf; ++c) p.out_sf[r * p.sf_cols + c] = 0.0f;
+    }
+  for (int64_t s = 0; s < p.num_tokens * p.top_k; ++s) {
+    const int64_t r = p.token_topk_to_pos[s], t = s / p.top_k;
+    if (r < 0) continue;
+    DI_CHECK(r < p.num_rows, "expand_to_fused: position {} of slot {} >= rows {}", r, s,
+             p.num_rows);
+    std::memcpy(p.out + r * p.row_bytes, p.x + t * p.row_bytes, size_t(p.row_bytes));
+    for (int64_t c = 0; c < p.sf_cols && p.out_sf; ++c)
+      p.out_sf[r * p.sf_cols + c] = p.x_sf[t * p.sf_cols + c];
+  }
+}
+
+void reduce_fused(const ReduceFusedParams& p) {
+  p.validate();
+  const int64_t H = p.hidden, K = p.top_k;
+  for (int64_t t = 0; t < p.num_tokens; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t r = p.token_topk_to_pos[t * K + j];
+        if (r < 0) continue;
+        DI_CHECK(r < p.num_rows, "reduce_fused: position {} of slot {} >= rows {}", r, t * K + j,
+                 p.num_rows);
+        const float c = (p.weights ? p.weights[t * K + j] : 1.0f) * (p.x_sf ? p.x_sf[r] : 1.0f);
+        acc = std::fma(bf16_to_f32(p.x[r * H + h]), c, acc);
+      }
+      p.out[t * H + h] = f32_to_bf16(p.sf ? acc * p.sf[0] : acc);
+    }
+}
+
+void group_count(const GroupCountParams& p) {
+  p.validate();
+  for (int64_t g = 0; g < p.num_groups; ++g) p.counts[g] = 0;
+  for (int64_t i = 0; i < p.n; ++i) {
+    const int64_t g = p.idx[i];
+    DI_CHECK(g >= -1 && g < p.num_groups, "group_count: id {} at {} is outside [-1, {})", g, i,
+             p.num_groups);
+    if (g >= 0) ++p.counts[g];
+  }
+}
+
+void mask_indices_by_tp(const MaskIndicesByTpParams& p) {
+  p.validate();
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] = p.map(p.idx[i]);
+}
+
+}  // namespace deepinfer::kernels::host

@@ -1,0 +1,79 @@
+// MoE layout kernels: checks, the shared per-id rules, dispatch.
+#include "kernels/moe.h"
+
+#include <deepinfer/error.h>
+
+namespace deepinfer::kernels {
+
+int64_t fused_rows_bound(int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                         int64_t alignment) {
+  DI_CHECK(alignment >= 1, "fused_rows_bound: alignment must be >= 1, got {}", alignment);
+  const int64_t n = num_tokens * top_k + (alignment - 1) * num_experts;
+  return (n + alignment - 1) / alignment * alignment;
+}
+
+void FusedMappingParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && top_k >= 1 && num_experts >= 1 && alignment >= 1 && num_rows >= 0,
+           "fused_mapping: bad shape t={} k={} e={} align={} rows={}", num_tokens, top_k,
+           num_experts, alignment, num_rows);
+  DI_CHECK(num_rows < (int64_t(1) << 31) && num_tokens * top_k < (int64_t(1) << 31),
+           "fused_mapping: {} rows / {} slots do not fit int32 positions", num_rows,
+           num_tokens * top_k);
+  DI_CHECK(topk_idx && pos_to_expert && pos_to_token && pos_to_token_topk && token_topk_to_pos &&
+               expert_start && expert_end && num_tokens_per_expert,
+           "fused_mapping: every buffer must be set");
+}
+
+void ExpandToFusedParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && top_k >= 1 && num_rows >= 0 && row_bytes >= 0 && sf_cols >= 0,
+           "expand_to_fused: bad shape t={} k={} rows={} row_bytes={} sf_cols={}", num_tokens,
+           top_k, num_rows, row_bytes, sf_cols);
+  DI_CHECK((x_sf == nullptr) == (out_sf == nullptr),
+           "expand_to_fused: x_sf and out_sf must be given together");
+  DI_CHECK(
+      (num_tokens == 0 || (x && token_topk_to_pos)) && (num_rows == 0 || (pos_to_expert && out)),
+      "expand_to_fused: x, token_topk_to_pos, pos_to_expert and out must be set");
+}
+
+void ReduceFusedParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && top_k >= 1 && num_rows >= 0 && hidden >= 1,
+           "reduce_fused: bad shape t={} k={} rows={} h={}", num_tokens, top_k, num_rows, hidden);
+  DI_CHECK(num_tokens == 0 || (token_topk_to_pos && out && (num_rows == 0 || x)),
+           "reduce_fused: x, token_topk_to_pos and out must be set");
+}
+
+void GroupCountParams::validate() const {
+  DI_CHECK(n >= 0 && num_groups >= 1, "group_count: bad shape n={} groups={}", n, num_groups);
+  DI_CHECK(counts && (n == 0 || idx), "group_count: idx and counts must be set");
+}
+
+void MaskIndicesByTpParams::validate() const {
+  DI_CHECK(n >= 0 && n_ep >= 1 && n_tp >= 1 && tp_rank >= 0 && tp_rank < n_tp,
+           "mask_indices_by_tp: bad n={} n_ep={} tp_rank={} n_tp={}", n, n_ep, tp_rank, n_tp);
+  DI_CHECK(num_experts >= n_ep && num_experts % n_ep == 0,
+           "mask_indices_by_tp: num_experts {} must be a multiple of n_ep {}", num_experts, n_ep);
+  DI_CHECK(n == 0 || (idx && out), "mask_indices_by_tp: idx and out must be set");
+}
+
+int64_t MaskIndicesByTpParams::map(int64_t e) const {
+  if (e < 0) return -1;
+  DI_CHECK(e < num_experts, "mask_indices_by_tp: id {} >= num_experts {}", e, num_experts);
+  const int64_t per = num_experts / n_ep, rank = e / per;
+  return rank % n_tp == tp_rank ? (rank / n_tp) * per + e % per : -1;
+}
+
+void fused_mapping(const FusedMappingParams& p) {
+  dispatch(p, host::fused_mapping, cpu::fused_mapping);
+}
+void expand_to_fused(const ExpandToFusedParams& p) {
+  dispatch(p, host::expand_to_fused, cpu::expand_to_fused);
+}
+void reduce_fused(const ReduceFusedParams& p) {
+  dispatch(p, host::reduce_fused, cpu::reduce_fused);
+}
+void group_count(const GroupCountParams& p) { dispatch(p, host::group_count, cpu::group_count); }
+void mask_indices_by_tp(const MaskIndicesByTpParams& p) {
+  dispatch(p, host::mask_indices_by_tp, cpu::mask_indices_by_tp);
+}
+
+}  // namespace deepinfer::kernels
