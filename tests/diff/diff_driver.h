@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/engram.h"
 #include "kernels/gemm.h"
+#include "kernels/mhc.h"
 #include "kernels/norm.h"
 #include "kernels/recorder.h"
 #include "kernels/router.h"
@@ -19,7 +21,9 @@ namespace deepinfer::kernels::diff::testing {
 namespace kt = deepinfer::kernels::testing;
 
 // The ops the driver calls; each twice per pass.
-inline const char* const kDriverOps[] = {"rms_norm", "gemm_fp8", "router", "mla_decode"};
+inline const char* const kDriverOps[] = {"rms_norm",   "gemm_fp8",    "router",
+                                         "mla_decode", "engram_hash", "engram_gate",
+                                         "mhc_pre",    "mhc_post",    "mhc_head"};
 
 inline void run_driver_pass(uint64_t seed = 1) {
   reset_call_counters();
@@ -104,6 +108,73 @@ inline void run_driver_pass(uint64_t seed = 1) {
       p.max_pages_per_seq = pages_per_seq;
       p.softmax_scale = 0.1f;
       mla_decode(p);
+    }
+    {  // Engram hash of T=6 tokens (2 layers, orders 2-3, 2 heads each) and the gate (hc=4, d=64)
+      KernelTag t("engram");
+      const int64_t T = 6, hc = 4, d = 64;
+      const EngramHashTables tab = engram_hash_tables({.layer_ids = {0, 3},
+                                                       .max_ngram_size = 3,
+                                                       .n_head_per_ngram = 2,
+                                                       .engram_vocab_size = {97, 89},
+                                                       .vocab_size = 50});
+      std::vector<int32_t> ids(size_t(T * 3)), rows(size_t(2 * T * 4));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(kt::hash64(s, i) % 50);
+      engram_hash({.ngram_ids = ids.data(),
+                   .multipliers = tab.multipliers.data(),
+                   .vocab_sizes = tab.vocab_sizes.data(),
+                   .offsets = tab.offsets.data(),
+                   .out = rows.data(),
+                   .num_tokens = T,
+                   .num_layers = 2,
+                   .max_ngram = 3,
+                   .heads_per_ngram = 2});
+      const auto x = kt::random_bf16(T * hc * d, s + 9), k = kt::random_bf16(T * hc * d, s + 10),
+                 v = kt::random_bf16(T * d, s + 11);
+      const auto w = kt::random_f32(hc * d, s + 12, 0.5f, 1.5f);
+      std::vector<bf16> out(size_t(T * hc * d));
+      engram_gate({.x = x.data(),
+                   .k = k.data(),
+                   .v = v.data(),
+                   .w_fused = w.data(),
+                   .out = out.data(),
+                   .num_tokens = T,
+                   .hc = hc,
+                   .dim = d});
+    }
+    {  // mHC pre / post / head: T=3 tokens, hc=4, d=64
+      KernelTag t("mhc");
+      const int64_t T = 3, hc = 4, d = 64;
+      const auto r = kt::random_bf16(T * hc * d, s + 13), y = kt::random_bf16(T * d, s + 14);
+      const auto fn = kt::random_f32(24 * hc * d, s + 15), base = kt::random_f32(24, s + 16);
+      const std::vector<float> scale = {0.1f, 0.2f, 0.3f};
+      std::vector<bf16> x(size_t(T * d)), r2(size_t(T * hc * d)), head(size_t(T * d));
+      std::vector<float> post(size_t(T * hc)), comb(size_t(T * hc * hc));
+      mhc_pre({.residual = r.data(),
+               .fn = fn.data(),
+               .scale = scale.data(),
+               .base = base.data(),
+               .x = x.data(),
+               .post = post.data(),
+               .comb = comb.data(),
+               .num_tokens = T,
+               .hc = hc,
+               .dim = d});
+      mhc_post({.y = y.data(),
+                .residual = r.data(),
+                .post = post.data(),
+                .comb = comb.data(),
+                .out = r2.data(),
+                .num_tokens = T,
+                .hc = hc,
+                .dim = d});
+      mhc_head({.residual = r2.data(),
+                .fn = fn.data(),
+                .scale = scale.data(),
+                .base = base.data(),
+                .out = head.data(),
+                .num_tokens = T,
+                .hc = hc,
+                .dim = d});
     }
   }
 }
