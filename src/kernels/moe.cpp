@@ -62,6 +62,46 @@ int64_t MaskIndicesByTpParams::map(int64_t e) const {
   return rank % n_tp == tp_rank ? (rank / n_tp) * per + e % per : -1;
 }
 
+void fused_count(const FusedMappingParams& p, int64_t s0, int64_t s1, int64_t* count) {
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t e = p.topk_idx[s];
+    DI_CHECK(e >= -1 && e < p.num_experts, "fused_mapping: topk_idx[{}] = {} is outside [-1, {})",
+             s, e, p.num_experts);
+    if (e >= 0) ++count[e];
+  }
+}
+
+int64_t fused_segments(const FusedMappingParams& p, const int64_t* total) {
+  int64_t row = 0;
+  for (int64_t e = 0; e < p.num_experts; ++e) {
+    const int64_t aligned = (total[e] + p.alignment - 1) / p.alignment * p.alignment;
+    p.expert_start[e] = int32_t(row);
+    p.expert_end[e] = int32_t(row + total[e]);
+    p.num_tokens_per_expert[e] = int32_t(aligned);
+    row += aligned;
+  }
+  DI_CHECK(row <= p.num_rows,
+           "fused_mapping: the layout needs {} rows but {} were given (size it with "
+           "fused_rows_bound)",
+           row, p.num_rows);
+  return row;
+}
+
+void fused_place(const FusedMappingParams& p, int64_t s0, int64_t s1, int64_t* next) {
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t e = p.topk_idx[s];
+    if (e < 0) {
+      p.token_topk_to_pos[s] = -1;
+      continue;
+    }
+    const int64_t r = next[e]++;
+    p.token_topk_to_pos[s] = int32_t(r);
+    p.pos_to_expert[r] = int32_t(e);
+    p.pos_to_token[r] = int32_t(s / p.top_k);
+    p.pos_to_token_topk[r] = int32_t(s);
+  }
+}
+
 void fused_mapping(const FusedMappingParams& p) {
   dispatch(p, host::fused_mapping, cpu::fused_mapping);
 }

@@ -80,6 +80,14 @@ struct MaskIndicesByTpParams {
   int64_t map(int64_t e) const;  // the rule above, for one id
 };
 
+// fused_mapping's steps, shared by the backends: count ids of slots [s0, s1) into count[E]
+// (checking them); lay the segments out from the per-expert totals (writes expert_start/end and
+// num_tokens_per_expert, checks num_rows, returns the rows used); place slots [s0, s1) from
+// next[E] (each expert's next free row, advanced).
+void fused_count(const FusedMappingParams& p, int64_t s0, int64_t s1, int64_t* count);
+int64_t fused_segments(const FusedMappingParams& p, const int64_t* total);
+void fused_place(const FusedMappingParams& p, int64_t s0, int64_t s1, int64_t* next);
+
 void fused_mapping(const FusedMappingParams& p);
 void expand_to_fused(const ExpandToFusedParams& p);
 void reduce_fused(const ReduceFusedParams& p);

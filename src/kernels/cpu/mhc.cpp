@@ -1,6 +1,7 @@
-// cpu: mHC pre / post / head. Per token: the residual row widened to f32 once, the mix dot
-// products with Highway (fixed lane order per row: batch-invariant), the shared scalar
-// coefficients (kernels/mhc.h), and SIMD weighted branch sums. Tokens over kernel_pool().
+// cpu: mHC pre / post / head. The mix dot products in blocks of 4 tokens × 6 fn rows (each fn
+// vector loaded once per block; the order per token and row is fixed: batch-invariant), the
+// shared scalar coefficients (kernels/mhc.h), and SIMD weighted branch sums. Tokens over
+// kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/mhc.cpp"
 // clang-format off
@@ -18,72 +19,116 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-template <class DF>
-float dot_f32(DF df, const float* a, const float* b, int64_t n) {
+// dots[t][i] = R_t · fn[i] for TB tokens and IB consecutive fn rows, over `width` elements: one
+// accumulator per (token, row), k ascending, then the lane sum, then the scalar tail. The order
+// of a (token, row) pair is the same whatever TB and IB are, so a token's result never depends
+// on the tokens blocked with it; blocking only lets each fn vector serve TB tokens.
+template <int TB, int IB>
+void dots_block(const bf16* const* r, const float* fn, int64_t width, float* dots,
+                int64_t dots_stride) {
+  const hn::ScalableTag<float> df;
   const int64_t N = int64_t(hn::Lanes(df));
-  auto s0 = hn::Zero(df), s1 = hn::Zero(df);
-  int64_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
-    s1 = hn::MulAdd(hn::LoadU(df, a + i + N), hn::LoadU(df, b + i + N), s1);
+  hn::Vec<decltype(df)> acc[TB][IB];
+  for (int t = 0; t < TB; ++t)
+    for (int i = 0; i < IB; ++i) acc[t][i] = hn::Zero(df);
+  int64_t k = 0;
+  for (; k + N <= width; k += N) {
+    hn::Vec<decltype(df)> f[IB];
+    for (int i = 0; i < IB; ++i) f[i] = hn::LoadU(df, fn + i * width + k);
+    for (int t = 0; t < TB; ++t) {
+      const auto x = load_bf16(df, r[t] + k);
+      for (int i = 0; i < IB; ++i) acc[t][i] = hn::MulAdd(x, f[i], acc[t][i]);
+    }
   }
-  for (; i + N <= n; i += N) s0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), s0);
-  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(s0, s1)));
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (int t = 0; t < TB; ++t)
+    for (int i = 0; i < IB; ++i) {
+      float v = hn::GetLane(hn::SumOfLanes(df, acc[t][i]));
+      for (int64_t kk = k; kk < width; ++kk) v += bf16_to_f32(r[t][kk]) * fn[i * width + kk];
+      dots[t * dots_stride + i] = v;
+    }
+}
+
+// Sum of squares of one residual row (one accumulator, then the tail).
+float sum_squares(const bf16* r, int64_t width) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = int64_t(hn::Lanes(df));
+  auto acc = hn::Zero(df);
+  int64_t k = 0;
+  for (; k + N <= width; k += N) {
+    const auto x = load_bf16(df, r + k);
+    acc = hn::MulAdd(x, x, acc);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; k < width; ++k) s += bf16_to_f32(r[k]) * bf16_to_f32(r[k]);
   return s;
 }
 
-// row [hc*d] f32 = R[t]; dots[i] = row · fn[i]; returns sum(row²).
-float mix_dots(const bf16* r, const float* fn, int64_t rows, int64_t width, float* row,
-               float* dots) {
-  const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df));
-  int64_t k = 0;
-  for (; k + N <= width; k += N) hn::StoreU(load_bf16(df, r + k), df, row + k);
-  for (; k < width; ++k) row[k] = bf16_to_f32(r[k]);
-  for (int64_t i = 0; i < rows; ++i) dots[i] = dot_f32(df, row, fn + i * width, width);
-  return dot_f32(df, row, row, width);
+// dots [nt, rows] of tokens [t0, t0 + nt) (nt <= 4) against fn [rows, width]: blocks of 4 tokens ×
+// 6 rows (31 of AVX-512's 32 vector registers), smaller blocks at the edges.
+void mix_dots(const bf16* residual, int64_t t0, int64_t nt, const float* fn, int64_t rows,
+              int64_t width, float* dots) {
+  const bf16* r[4];
+  for (int64_t t = 0; t < nt; ++t) r[t] = residual + (t0 + t) * width;
+  int64_t i = 0;
+  for (; i + 6 <= rows; i += 6) {
+    const float* f = fn + i * width;
+    if (nt == 4)
+      dots_block<4, 6>(r, f, width, dots + i, rows);
+    else
+      for (int64_t t = 0; t < nt; ++t) dots_block<1, 6>(r + t, f, width, dots + t * rows + i, rows);
+  }
+  for (; i < rows; ++i)
+    for (int64_t t = 0; t < nt; ++t)
+      dots_block<1, 1>(r + t, fn + i * width, width, dots + t * rows + i, rows);
 }
 
-// out = bf16(sum_m w[m] * row[m]) with row the widened branches, m order.
-void weighted_sum(const float* row, const float* w, int64_t hc, int64_t dim, bf16* out) {
+// out = bf16(sum_m w[m] * R[m]), fp32 in m order.
+void weighted_sum(const bf16* r, const float* w, int64_t hc, int64_t dim, bf16* out) {
   const hn::ScalableTag<float> df;
   const int64_t N = int64_t(hn::Lanes(df));
   int64_t d = 0;
   for (; d + N <= dim; d += N) {
-    auto s = hn::Mul(hn::Set(df, w[0]), hn::LoadU(df, row + d));
+    auto s = hn::Mul(hn::Set(df, w[0]), load_bf16(df, r + d));
     for (int64_t m = 1; m < hc; ++m)
-      s = hn::MulAdd(hn::Set(df, w[m]), hn::LoadU(df, row + m * dim + d), s);
+      s = hn::MulAdd(hn::Set(df, w[m]), load_bf16(df, r + m * dim + d), s);
     store_bf16(df, s, out + d);
   }
   for (; d < dim; ++d) {
-    float s = w[0] * row[d];
-    for (int64_t m = 1; m < hc; ++m) s = std::fma(w[m], row[m * dim + d], s);
+    float s = w[0] * bf16_to_f32(r[d]);
+    for (int64_t m = 1; m < hc; ++m) s = std::fma(w[m], bf16_to_f32(r[m * dim + d]), s);
     out[d] = f32_to_bf16(s);
   }
 }
 
 void mhc_pre_rows(const MhcPreParams& p, int64_t t0, int64_t t1) {
-  const int64_t n = p.hc, W = n * p.dim;
-  std::vector<float> row(static_cast<size_t>(W)), dots(size_t(p.num_mixes())),
-      pre(static_cast<size_t>(n));
-  for (int64_t t = t0; t < t1; ++t) {
-    const float ss = mix_dots(p.residual + t * W, p.fn, p.num_mixes(), W, row.data(), dots.data());
-    mhc_pre_coefficients(p, dots.data(), ss, pre.data(), p.post + t * n, p.comb + t * n * n);
-    if (p.pre)
-      for (int64_t m = 0; m < n; ++m) p.pre[t * n + m] = pre[size_t(m)];
-    weighted_sum(row.data(), pre.data(), n, p.dim, p.x + t * p.dim);
+  const int64_t n = p.hc, W = n * p.dim, M = p.num_mixes();
+  std::vector<float> dots(size_t(4 * M)), pre(static_cast<size_t>(n));
+  for (int64_t tb = t0; tb < t1; tb += 4) {
+    const int64_t nt = std::min<int64_t>(4, t1 - tb);
+    mix_dots(p.residual, tb, nt, p.fn, M, W, dots.data());
+    for (int64_t j = 0; j < nt; ++j) {
+      const int64_t t = tb + j;
+      const bf16* r = p.residual + t * W;
+      mhc_pre_coefficients(p, dots.data() + j * M, sum_squares(r, W), pre.data(), p.post + t * n,
+                           p.comb + t * n * n);
+      if (p.pre)
+        for (int64_t m = 0; m < n; ++m) p.pre[t * n + m] = pre[size_t(m)];
+      weighted_sum(r, pre.data(), n, p.dim, p.x + t * p.dim);
+    }
   }
 }
 
 void mhc_head_rows(const MhcHeadParams& p, int64_t t0, int64_t t1) {
   const int64_t n = p.hc, W = n * p.dim;
-  std::vector<float> row(static_cast<size_t>(W)), dots(static_cast<size_t>(n)),
-      h(static_cast<size_t>(n));
-  for (int64_t t = t0; t < t1; ++t) {
-    const float ss = mix_dots(p.residual + t * W, p.fn, n, W, row.data(), dots.data());
-    mhc_head_coefficients(p, dots.data(), ss, h.data());
-    weighted_sum(row.data(), h.data(), n, p.dim, p.out + t * p.dim);
+  std::vector<float> dots(size_t(4 * n)), h(static_cast<size_t>(n));
+  for (int64_t tb = t0; tb < t1; tb += 4) {
+    const int64_t nt = std::min<int64_t>(4, t1 - tb);
+    mix_dots(p.residual, tb, nt, p.fn, n, W, dots.data());
+    for (int64_t j = 0; j < nt; ++j) {
+      const bf16* r = p.residual + (tb + j) * W;
+      mhc_head_coefficients(p, dots.data() + j * n, sum_squares(r, W), h.data());
+      weighted_sum(r, h.data(), n, p.dim, p.out + (tb + j) * p.dim);
+    }
   }
 }
 
@@ -123,7 +168,7 @@ HWY_EXPORT(mhc_post_rows);
 
 void mhc_pre(const MhcPreParams& p) {
   p.validate();
-  kernel_pool().parallel_for(p.num_tokens, 1, [&](int64_t t0, int64_t t1) {
+  kernel_pool().parallel_for(p.num_tokens, 4, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(mhc_pre_rows)(p, t0, t1);
   });
 }
@@ -138,7 +183,7 @@ void mhc_post(const MhcPostParams& p) {
 
 void mhc_head(const MhcHeadParams& p) {
   p.validate();
-  kernel_pool().parallel_for(p.num_tokens, 1, [&](int64_t t0, int64_t t1) {
+  kernel_pool().parallel_for(p.num_tokens, 4, [&](int64_t t0, int64_t t1) {
     HWY_DYNAMIC_DISPATCH(mhc_head_rows)(p, t0, t1);
   });
 }

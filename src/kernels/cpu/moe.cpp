@@ -75,52 +75,29 @@ void fused_mapping(const FusedMappingParams& p) {
   std::vector<int64_t> count(size_t(C * E), 0);  // [chunk, expert], then the chunk's base row
   kernel_pool().parallel_for(C, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
-      for (int64_t s = c * kChunk; s < std::min(S, (c + 1) * kChunk); ++s) {
-        const int64_t e = p.topk_idx[s];
-        DI_CHECK(e >= -1 && e < E, "fused_mapping: topk_idx[{}] = {} is outside [-1, {})", s, e, E);
-        if (e >= 0) ++count[size_t(c * E + e)];
-      }
+      fused_count(p, c * kChunk, std::min(S, (c + 1) * kChunk), count.data() + c * E);
   });
-  int64_t row = 0;
+  std::vector<int64_t> total(static_cast<size_t>(E), 0);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t e = 0; e < E; ++e) total[size_t(e)] += count[size_t(c * E + e)];
+  const int64_t used = fused_segments(p, total.data());
   for (int64_t e = 0; e < E; ++e) {
-    int64_t total = 0;
+    int64_t base = p.expert_start[e];
     for (int64_t c = 0; c < C; ++c) {
       const int64_t n = count[size_t(c * E + e)];
-      count[size_t(c * E + e)] = row + total;
-      total += n;
+      count[size_t(c * E + e)] = base;
+      base += n;
     }
-    const int64_t aligned = (total + p.alignment - 1) / p.alignment * p.alignment;
-    p.expert_start[e] = int32_t(row);
-    p.expert_end[e] = int32_t(row + total);
-    p.num_tokens_per_expert[e] = int32_t(aligned);
-    row += aligned;
   }
-  DI_CHECK(row <= p.num_rows,
-           "fused_mapping: the layout needs {} rows but {} were given (size it with "
-           "fused_rows_bound)",
-           row, p.num_rows);
   // Padding rows of every segment, and the rows past the last one.
   for (int64_t e = 0; e < E; ++e)
     for (int64_t r = p.expert_end[e]; r < p.expert_start[e] + p.num_tokens_per_expert[e]; ++r)
       p.pos_to_expert[r] = p.pos_to_token[r] = p.pos_to_token_topk[r] = -1;
-  for (int64_t r = row; r < p.num_rows; ++r)
+  for (int64_t r = used; r < p.num_rows; ++r)
     p.pos_to_expert[r] = p.pos_to_token[r] = p.pos_to_token_topk[r] = -1;
   kernel_pool().parallel_for(C, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      int64_t* base = count.data() + c * E;
-      for (int64_t s = c * kChunk; s < std::min(S, (c + 1) * kChunk); ++s) {
-        const int64_t e = p.topk_idx[s];
-        if (e < 0) {
-          p.token_topk_to_pos[s] = -1;
-          continue;
-        }
-        const int64_t r = base[e]++;
-        p.token_topk_to_pos[s] = int32_t(r);
-        p.pos_to_expert[r] = int32_t(e);
-        p.pos_to_token[r] = int32_t(s / p.top_k);
-        p.pos_to_token_topk[r] = int32_t(s);
-      }
-    }
+    for (int64_t c = c0; c < c1; ++c)
+      fused_place(p, c * kChunk, std::min(S, (c + 1) * kChunk), count.data() + c * E);
   });
 }
 

@@ -10,40 +10,14 @@ namespace deepinfer::kernels::host {
 void fused_mapping(const FusedMappingParams& p) {
   p.validate();
   const int64_t E = p.num_experts, S = p.num_tokens * p.top_k;
-  std::vector<int64_t> count(size_t(E), 0);
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t e = p.topk_idx[s];
-    DI_CHECK(e >= -1 && e < E, "fused_mapping: topk_idx[{}] = {} is outside [-1, {})", s, e, E);
-    if (e >= 0) ++count[size_t(e)];
-  }
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t aligned = (count[size_t(e)] + p.alignment - 1) / p.alignment * p.alignment;
-    p.expert_start[e] = int32_t(row);
-    p.expert_end[e] = int32_t(row + count[size_t(e)]);
-    p.num_tokens_per_expert[e] = int32_t(aligned);
-    row += aligned;
-  }
-  DI_CHECK(row <= p.num_rows,
-           "fused_mapping: the layout needs {} rows but {} were given (size it with "
-           "fused_rows_bound)",
-           row, p.num_rows);
+  std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  fused_count(p, 0, S, count.data());
+  fused_segments(p, count.data());
   for (int64_t r = 0; r < p.num_rows; ++r)
     p.pos_to_expert[r] = p.pos_to_token[r] = p.pos_to_token_topk[r] = -1;
   std::vector<int64_t> next(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) next[size_t(e)] = p.expert_start[e];
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t e = p.topk_idx[s];
-    if (e < 0) {
-      p.token_topk_to_pos[s] = -1;
-      continue;
-    }
-    const int64_t r = next[size_t(e)]++;
-    p.token_topk_to_pos[s] = int32_t(r);
-    p.pos_to_expert[r] = int32_t(e);
-    p.pos_to_token[r] = int32_t(s / p.top_k);
-    p.pos_to_token_topk[r] = int32_t(s);
-  }
+  fused_place(p, 0, S, next.data());
 }
 
 void expand_to_fused(const ExpandToFusedParams& p) {
