@@ -3,6 +3,9 @@
 
 #include <deepinfer/error.h>
 
+#include <cmath>
+#include <limits>
+
 namespace deepinfer::kernels {
 
 int64_t fused_rows_bound(int64_t num_tokens, int64_t top_k, int64_t num_experts,
@@ -40,6 +43,44 @@ void ReduceFusedParams::validate() const {
            "reduce_fused: bad shape t={} k={} rows={} h={}", num_tokens, top_k, num_rows, hidden);
   DI_CHECK(num_tokens == 0 || (token_topk_to_pos && out && (num_rows == 0 || x)),
            "reduce_fused: x, token_topk_to_pos and out must be set");
+}
+
+void TopkGateParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && num_experts >= 1 && top_k >= 1 && top_k <= num_experts,
+           "topk_gate: bad shape t={} e={} k={} (need 1 <= k <= e)", num_tokens, num_experts,
+           top_k);
+  DI_CHECK(num_tokens == 0 || (scores && idx), "topk_gate: scores and idx must be set");
+}
+
+void TopkGroupParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && num_groups >= 1 && group_size >= 1 && topk_group >= 1 &&
+               topk_group <= num_groups,
+           "topk_group: bad shape t={} groups={} size={} kg={} (need 1 <= kg <= groups)",
+           num_tokens, num_groups, group_size, topk_group);
+  DI_CHECK((sum_top == 1 || sum_top == 2) && sum_top <= group_size,
+           "topk_group: sum_top must be 1 or 2 and at most the group size {}, got {}", group_size,
+           sum_top);
+  DI_CHECK(num_tokens == 0 || (scores && group_idx),
+           "topk_group: scores and group_idx must be set");
+}
+
+float TopkGroupParams::group_score(const float* g) const {
+  float m1 = -std::numeric_limits<float>::infinity(), m2 = m1;
+  for (int64_t e = 0; e < group_size; ++e) {
+    DI_CHECK(!std::isnan(g[e]), "topk_group: score {} of a group is NaN", e);
+    if (g[e] > m1)
+      m2 = m1, m1 = g[e];
+    else if (g[e] > m2)
+      m2 = g[e];
+  }
+  return sum_top == 1 ? m1 : m1 + m2;
+}
+
+void NormalizeWeightParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && top_k >= 1, "normalize_weight: bad shape t={} k={}", num_tokens,
+           top_k);
+  DI_CHECK(num_tokens == 0 || (w && denom && out),
+           "normalize_weight: w, denom and out must be set");
 }
 
 void GroupCountParams::validate() const {
@@ -110,6 +151,11 @@ void expand_to_fused(const ExpandToFusedParams& p) {
 }
 void reduce_fused(const ReduceFusedParams& p) {
   dispatch(p, host::reduce_fused, cpu::reduce_fused);
+}
+void topk_gate(const TopkGateParams& p) { dispatch(p, host::topk_gate, cpu::topk_gate); }
+void topk_group(const TopkGroupParams& p) { dispatch(p, host::topk_group, cpu::topk_group); }
+void normalize_weight(const NormalizeWeightParams& p) {
+  dispatch(p, host::normalize_weight, cpu::normalize_weight);
 }
 void group_count(const GroupCountParams& p) { dispatch(p, host::group_count, cpu::group_count); }
 void mask_indices_by_tp(const MaskIndicesByTpParams& p) {

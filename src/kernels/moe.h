@@ -9,6 +9,10 @@
 // expand_to_fused: out[pos(t, j)] = x[t] (byte rows, any dtype); padding rows are zero.
 // reduce_fused: out[t] = bf16(sum_j x[pos(t, j)] * (w[t, j] * x_sf[pos])) * sf (fp32 FMA in
 //   j order; skipped where pos = -1; w, x_sf, sf optional = 1).
+// topk_gate: the k largest scores of each row, descending, ties -> the smaller index.
+// topk_group: group score = sum of the group's top-s scores (s = 1 or 2); the kg best groups,
+//   descending, ties -> the smaller group id.
+// normalize_weight: denom[t] = 1e-20 + sum_j w[t, j] (fp32, j order), out = w / denom.
 // group_count: counts[g] = number of ids == g.
 // mask_indices_by_tp: with per = num_experts / n_ep, keep e iff (e / per) mod n_tp == tp_rank and
 //   rename it (e / per / n_tp) * per + e mod per; otherwise -1.
@@ -65,6 +69,29 @@ struct ReduceFusedParams {
   void validate() const;
 };
 
+struct TopkGateParams {
+  const float* scores = nullptr;  // [T, E]
+  int64_t* idx = nullptr;         // [T, K]
+  int64_t num_tokens = 0, num_experts = 0, top_k = 0;
+  void validate() const;
+};
+
+struct TopkGroupParams {
+  const float* scores = nullptr;  // [T, G, E/G]
+  int64_t* group_idx = nullptr;   // [T, KG]
+  int64_t num_tokens = 0, num_groups = 0, group_size = 0, topk_group = 0, sum_top = 2;
+  void validate() const;
+  float group_score(const float* g) const;  // sum of the top sum_top of group_size values
+};
+
+struct NormalizeWeightParams {
+  const float* w = nullptr;  // [T, K]
+  float* denom = nullptr;    // [T]
+  float* out = nullptr;      // [T, K]
+  int64_t num_tokens = 0, top_k = 0;
+  void validate() const;
+};
+
 struct GroupCountParams {
   const int64_t* idx = nullptr;  // [n]
   int32_t* counts = nullptr;     // [G]
@@ -91,6 +118,9 @@ void fused_place(const FusedMappingParams& p, int64_t s0, int64_t s1, int64_t* n
 void fused_mapping(const FusedMappingParams& p);
 void expand_to_fused(const ExpandToFusedParams& p);
 void reduce_fused(const ReduceFusedParams& p);
+void topk_gate(const TopkGateParams& p);
+void topk_group(const TopkGroupParams& p);
+void normalize_weight(const NormalizeWeightParams& p);
 void group_count(const GroupCountParams& p);
 void mask_indices_by_tp(const MaskIndicesByTpParams& p);
 
@@ -98,6 +128,12 @@ namespace host {
 void fused_mapping(const FusedMappingParams& p);
 void expand_to_fused(const ExpandToFusedParams& p);
 void reduce_fused(const ReduceFusedParams& p);
+void topk_gate(const TopkGateParams& p);
+void topk_group(const TopkGroupParams& p);
+void normalize_weight(const NormalizeWeightParams& p);
+void topk_gate(const TopkGateParams& p);
+void topk_group(const TopkGroupParams& p);
+void normalize_weight(const NormalizeWeightParams& p);
 void group_count(const GroupCountParams& p);
 void mask_indices_by_tp(const MaskIndicesByTpParams& p);
 }  // namespace host
@@ -105,6 +141,12 @@ namespace cpu {
 void fused_mapping(const FusedMappingParams& p);
 void expand_to_fused(const ExpandToFusedParams& p);
 void reduce_fused(const ReduceFusedParams& p);
+void topk_gate(const TopkGateParams& p);
+void topk_group(const TopkGroupParams& p);
+void normalize_weight(const NormalizeWeightParams& p);
+void topk_gate(const TopkGateParams& p);
+void topk_group(const TopkGroupParams& p);
+void normalize_weight(const NormalizeWeightParams& p);
 void group_count(const GroupCountParams& p);
 void mask_indices_by_tp(const MaskIndicesByTpParams& p);
 }  // namespace cpu
@@ -161,6 +203,47 @@ struct OpSpec<ReduceFusedParams> {
     v.in("token_topk_to_pos", p.token_topk_to_pos, p.num_tokens * p.top_k);
     v.in("sf", p.sf, 1);
     v.out("out", p.out, p.num_tokens * p.hidden);
+  }
+};
+
+template <>
+struct OpSpec<TopkGateParams> {
+  static constexpr const char* name = "topk_gate";
+  static std::string shape(const TopkGateParams& p) {
+    return fmt::format("t={} e={} k={}", p.num_tokens, p.num_experts, p.top_k);
+  }
+  template <class V>
+  static void visit(TopkGateParams& p, V& v) {
+    v.in("scores", p.scores, p.num_tokens * p.num_experts);
+    v.out("idx", p.idx, p.num_tokens * p.top_k);
+  }
+};
+
+template <>
+struct OpSpec<TopkGroupParams> {
+  static constexpr const char* name = "topk_group";
+  static std::string shape(const TopkGroupParams& p) {
+    return fmt::format("t={} groups={}x{} kg={} top{}", p.num_tokens, p.num_groups, p.group_size,
+                       p.topk_group, p.sum_top);
+  }
+  template <class V>
+  static void visit(TopkGroupParams& p, V& v) {
+    v.in("scores", p.scores, p.num_tokens * p.num_groups * p.group_size);
+    v.out("group_idx", p.group_idx, p.num_tokens * p.topk_group);
+  }
+};
+
+template <>
+struct OpSpec<NormalizeWeightParams> {
+  static constexpr const char* name = "normalize_weight";
+  static std::string shape(const NormalizeWeightParams& p) {
+    return fmt::format("t={} k={}", p.num_tokens, p.top_k);
+  }
+  template <class V>
+  static void visit(NormalizeWeightParams& p, V& v) {
+    v.in("w", p.w, p.num_tokens * p.top_k);
+    v.out("denom", p.denom, p.num_tokens);
+    v.out("out", p.out, p.num_tokens * p.top_k);
   }
 };
 

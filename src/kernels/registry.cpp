@@ -52,7 +52,7 @@ KernelBackend current_backend() {
 }
 
 std::span<const std::string_view> op_names() {
-  static constexpr std::array<std::string_view, 32> kNames{
+  static constexpr std::array<std::string_view, 35> kNames{
       OpSpec<QuantTokenParams>::name,
       OpSpec<QuantBlockParams>::name,
       OpSpec<DequantTokenParams>::name,
@@ -77,6 +77,9 @@ std::span<const std::string_view> op_names() {
       OpSpec<FusedMappingParams>::name,
       OpSpec<ExpandToFusedParams>::name,
       OpSpec<ReduceFusedParams>::name,
+      OpSpec<TopkGateParams>::name,
+      OpSpec<TopkGroupParams>::name,
+      OpSpec<NormalizeWeightParams>::name,
       OpSpec<GroupCountParams>::name,
       OpSpec<MaskIndicesByTpParams>::name,
       OpSpec<CastE2m1Params>::name,

@@ -120,6 +120,60 @@ TEST(FusedLayout, ExpandThenReduceIsTheWeightedSum) {
   }
 }
 
+TEST(TopkGate, DescendingTiesToTheSmallerIndex) {
+  const std::vector<float> scores = {0.5f, 0.9f, 0.5f, 0.9f, 0.1f};
+  for (KernelBackend be : kBoth) {
+    std::vector<int64_t> idx(3);
+    ScopedBackend use(be);
+    topk_gate({.scores = scores.data(),
+               .idx = idx.data(),
+               .num_tokens = 1,
+               .num_experts = 5,
+               .top_k = 3});
+    EXPECT_EQ(idx, (std::vector<int64_t>{1, 3, 0})) << to_string(be);
+  }
+}
+
+TEST(TopkGroup, SumOfTopOneOrTwo) {
+  // Groups of 3: {1,5,2} {4,4,0} {6,0,0} {3,3,1}: top-2 sums 7 8 6 6, top-1 5 4 6 3.
+  const std::vector<float> scores = {1, 5, 2, 4, 4, 0, 6, 0, 0, 3, 3, 1};
+  for (KernelBackend be : kBoth) {
+    std::vector<int64_t> g3(3), g2(2);
+    ScopedBackend use(be);
+    topk_group({.scores = scores.data(),
+                .group_idx = g3.data(),
+                .num_tokens = 1,
+                .num_groups = 4,
+                .group_size = 3,
+                .topk_group = 3,
+                .sum_top = 2});
+    EXPECT_EQ(g3, (std::vector<int64_t>{1, 0, 2})) << to_string(be);  // 6 vs 6: group 2 first
+    topk_group({.scores = scores.data(),
+                .group_idx = g2.data(),
+                .num_tokens = 1,
+                .num_groups = 4,
+                .group_size = 3,
+                .topk_group = 2,
+                .sum_top = 1});
+    EXPECT_EQ(g2, (std::vector<int64_t>{2, 0})) << to_string(be);
+  }
+}
+
+TEST(NormalizeWeight, DenominatorHasTheEpsilon) {
+  const std::vector<float> w = {1, 3, 0, 0};
+  for (KernelBackend be : kBoth) {
+    std::vector<float> d(2), out(4);
+    ScopedBackend use(be);
+    normalize_weight(
+        {.w = w.data(), .denom = d.data(), .out = out.data(), .num_tokens = 2, .top_k = 2});
+    EXPECT_EQ(d[0], 4.0f) << to_string(be);
+    EXPECT_EQ(out[0], 0.25f);
+    EXPECT_EQ(out[1], 0.75f);
+    EXPECT_EQ(d[1], 1e-20f);  // an all-zero row divides by 1e-20: zeros, not NaN
+    EXPECT_EQ(out[2], 0.0f);
+  }
+}
+
 TEST(GroupCount, Histogram) {
   const std::vector<int64_t> idx = {0, 2, 2, -1, 1, 2};
   for (KernelBackend be : kBoth) {

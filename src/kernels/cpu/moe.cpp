@@ -131,6 +131,65 @@ void reduce_fused(const ReduceFusedParams& p) {
   });
 }
 
+namespace {
+// One pass over v [n]: a k-slot list kept in descending order; strict > keeps ties in index order.
+template <class Value>
+void insertion_topk(int64_t n, int64_t k, int64_t* top, const Value& value) {
+  int64_t have = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    const float v = value(e);
+    if (have == k && !(v > value(top[k - 1]))) continue;
+    int64_t j = have < k ? have++ : k - 1;
+    while (j > 0 && v > value(top[j - 1])) {
+      top[j] = top[j - 1];
+      --j;
+    }
+    top[j] = e;
+  }
+}
+}  // namespace
+
+void topk_gate(const TopkGateParams& p) {
+  p.validate();
+  const int64_t E = p.num_experts;
+  kernel_pool().parallel_for(
+      p.num_tokens, std::max<int64_t>(1, 8192 / E), [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const float* row = p.scores + t * E;
+          for (int64_t e = 0; e < E; ++e)
+            DI_CHECK(!std::isnan(row[e]), "topk_gate: score [{}, {}] is NaN", t, e);
+          insertion_topk(E, p.top_k, p.idx + t * p.top_k, [&](int64_t e) { return row[e]; });
+        }
+      });
+}
+
+void topk_group(const TopkGroupParams& p) {
+  p.validate();
+  const int64_t G = p.num_groups, S = p.group_size;
+  kernel_pool().parallel_for(p.num_tokens, 16, [&](int64_t t0, int64_t t1) {
+    std::vector<float> gs(static_cast<size_t>(G));
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t g = 0; g < G; ++g) gs[size_t(g)] = p.group_score(p.scores + (t * G + g) * S);
+      insertion_topk(G, p.topk_group, p.group_idx + t * p.topk_group,
+                     [&](int64_t g) { return gs[size_t(g)]; });
+    }
+  });
+}
+
+void normalize_weight(const NormalizeWeightParams& p) {
+  p.validate();
+  const int64_t K = p.top_k;
+  kernel_pool().parallel_for(p.num_tokens, 1024, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < K; ++j) s += p.w[t * K + j];
+      const float d = s + 1e-20f;
+      p.denom[t] = d;
+      for (int64_t j = 0; j < K; ++j) p.out[t * K + j] = p.w[t * K + j] / d;
+    }
+  });
+}
+
 void group_count(const GroupCountParams& p) {
   p.validate();
   const int64_t G = p.num_groups, C = num_chunks(p.n);

@@ -1,8 +1,10 @@
 // Host reference: MoE layout kernels, one slot / row at a time.
 #include "kernels/moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 namespace deepinfer::kernels::host {
@@ -54,6 +56,53 @@ void reduce_fused(const ReduceFusedParams& p) {
       }
       p.out[t * H + h] = f32_to_bf16(p.sf ? acc * p.sf[0] : acc);
     }
+}
+
+namespace {
+// Indices of the k largest of v [n], descending; a stable sort keeps ties in index order.
+void stable_topk(const std::vector<float>& v, int64_t k, int64_t* out) {
+  std::vector<int64_t> order(v.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return v[size_t(a)] > v[size_t(b)]; });
+  std::copy(order.begin(), order.begin() + k, out);
+}
+}  // namespace
+
+void topk_gate(const TopkGateParams& p) {
+  p.validate();
+  const int64_t E = p.num_experts;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const std::vector<float> row(p.scores + t * E, p.scores + (t + 1) * E);
+    for (int64_t e = 0; e < E; ++e)
+      DI_CHECK(!std::isnan(row[size_t(e)]), "topk_gate: score [{}, {}] is NaN", t, e);
+    stable_topk(row, p.top_k, p.idx + t * p.top_k);
+  }
+}
+
+void topk_group(const TopkGroupParams& p) {
+  p.validate();
+  const int64_t G = p.num_groups, S = p.group_size;
+  std::vector<float> gs(static_cast<size_t>(G));
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    for (int64_t g = 0; g < G; ++g) {
+      std::vector<float> v(p.scores + (t * G + g) * S, p.scores + (t * G + g + 1) * S);
+      std::sort(v.begin(), v.end(), std::greater<>());
+      gs[size_t(g)] = p.sum_top == 1 ? v[0] : v[0] + v[1];
+    }
+    stable_topk(gs, p.topk_group, p.group_idx + t * p.topk_group);
+  }
+}
+
+void normalize_weight(const NormalizeWeightParams& p) {
+  p.validate();
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < p.top_k; ++j) s += p.w[t * p.top_k + j];
+    p.denom[t] = s + 1e-20f;
+    for (int64_t j = 0; j < p.top_k; ++j)
+      p.out[t * p.top_k + j] = p.w[t * p.top_k + j] / p.denom[t];
+  }
 }
 
 void group_count(const GroupCountParams& p) {

@@ -105,7 +105,62 @@ CaseResult run_reduce(int64_t t, int64_t k, int64_t e, int64_t h, bool scales, u
                           kExact);
 }
 
+// Scores on a coarse grid (many ties, which must go to the smaller index on both backends).
+std::vector<float> tied_scores(int64_t n, uint64_t seed) {
+  std::vector<float> v(buffer_size(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(hash64(seed, uint64_t(i)) % 16) * 0.125f;
+  return v;
+}
+
+CaseResult run_topk_gate(int64_t t, int64_t e, int64_t k, uint64_t seed) {
+  const auto scores = tied_scores(t * e, seed);
+  std::vector<int64_t> idx(buffer_size(t * k));
+  return compare_backends(topk_gate,
+                          TopkGateParams{.scores = scores.data(),
+                                         .idx = idx.data(),
+                                         .num_tokens = t,
+                                         .num_experts = e,
+                                         .top_k = k},
+                          kExact);
+}
+
+CaseResult run_topk_group(int64_t t, int64_t g, int64_t size, int64_t kg, int64_t s,
+                          uint64_t seed) {
+  const auto scores = tied_scores(t * g * size, seed);
+  std::vector<int64_t> idx(buffer_size(t * kg));
+  return compare_backends(topk_group,
+                          TopkGroupParams{.scores = scores.data(),
+                                          .group_idx = idx.data(),
+                                          .num_tokens = t,
+                                          .num_groups = g,
+                                          .group_size = size,
+                                          .topk_group = kg,
+                                          .sum_top = s},
+                          kExact);
+}
+
 }  // namespace
+
+DEEPINFER_KERNEL_CASES(moe_topk_cases) {
+  cases.push_back(
+      {"topk_gate", "t=64 e=256 k=8 ties", true, [] { return run_topk_gate(64, 256, 8, 1); }});
+  cases.push_back({"topk_gate", "t=5 e=7 k=7", true, [] { return run_topk_gate(5, 7, 7, 2); }});
+  cases.push_back({"topk_group", "t=64 g=8x32 kg=4 top2", true,
+                   [] { return run_topk_group(64, 8, 32, 4, 2, 3); }});
+  cases.push_back({"topk_group", "t=33 g=32x4 kg=5 top1", true,
+                   [] { return run_topk_group(33, 32, 4, 5, 1, 4); }});
+  cases.push_back({"normalize_weight", "t=300 k=8", true, [] {
+                     const auto w = random_f32(300 * 8, 5, 0.0f, 1.0f);
+                     std::vector<float> d(300), out(w.size());
+                     return compare_backends(normalize_weight,
+                                             NormalizeWeightParams{.w = w.data(),
+                                                                   .denom = d.data(),
+                                                                   .out = out.data(),
+                                                                   .num_tokens = 300,
+                                                                   .top_k = 8},
+                                             kExact);
+                   }});
+}
 
 DEEPINFER_KERNEL_CASES(moe_layout_cases) {
   cases.push_back({"fused_mapping", "t=100 k=8 e=32 align=1", true,
