@@ -23,6 +23,7 @@ namespace {
 // run inline instead of waiting for a pool that is busy with their parent.
 thread_local int t_depth = 0;
 thread_local ThreadPool* t_scoped = nullptr;  // scoped_pool()
+thread_local int64_t t_pool_wait_ns = 0;      // pool_wait_ns()
 // Chunks per thread: a little oversubscription evens out uneven chunk costs.
 constexpr int64_t kChunksPerThread = 4;
 // Idle workers (and a caller waiting for them) poll this long before sleeping on the condition
@@ -182,6 +183,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   }
   p.work_cv.notify_all();
   p.run_chunks();
+  const auto wait_from = std::chrono::steady_clock::now();
   std::exception_ptr error;
   spin_until([&] { return p.active_pub.load(std::memory_order_acquire) == 0; });
   {
@@ -191,10 +193,14 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     p.error = nullptr;
     p.fn = nullptr;
   }
+  t_pool_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - wait_from)
+                        .count();
   if (error) std::rethrow_exception(error);
 }
 
 ThreadPool* scoped_pool() { return t_scoped; }
+int64_t pool_wait_ns() { return t_pool_wait_ns; }
 ScopedThreadPool::ScopedThreadPool(ThreadPool& pool) : saved_(t_scoped) { t_scoped = &pool; }
 ScopedThreadPool::~ScopedThreadPool() { t_scoped = saved_; }
 

@@ -33,6 +33,11 @@ ThreadPool& global_pool();
 // serialise the ranks.
 ThreadPool* scoped_pool();
 
+// Nanoseconds this thread, as a parallel_for caller, has waited for the pool's workers after
+// finishing its own chunks (load imbalance plus wake-up latency), summed since it started. The
+// decode profile (docs/performance.md) reads it around each kernel call.
+int64_t pool_wait_ns();
+
 class ScopedThreadPool {
  public:
   explicit ScopedThreadPool(ThreadPool& pool);

@@ -1,8 +1,10 @@
 #include "kernels/recorder.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 
+#include "core/thread_pool.h"
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels {
@@ -12,11 +14,24 @@ thread_local std::string t_tag;
 std::atomic<Recorder*> g_recorder{nullptr};
 }  // namespace
 
-KernelTag::KernelTag(std::string_view name) : saved_size_(t_tag.size()) {
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+KernelTag::KernelTag(std::string_view name, ScopeKind kind)
+    : saved_size_(t_tag.size()), profiler_(active_profiler()), kind_(kind) {
   if (!t_tag.empty()) t_tag += '.';
   t_tag += name;
+  if (profiler_ != nullptr) start_ns_ = now_ns();
 }
-KernelTag::~KernelTag() { t_tag.resize(saved_size_); }
+KernelTag::~KernelTag() {
+  if (profiler_ != nullptr) profiler_->on_scope(t_tag, kind_, double(now_ns() - start_ns_) * 1e-9);
+  t_tag.resize(saved_size_);
+}
 
 std::string_view current_kernel_tag() { return t_tag; }
 
@@ -26,6 +41,13 @@ ScopedRecorder::~ScopedRecorder() { g_recorder.store(saved_); }
 Recorder* active_recorder() { return g_recorder.load(std::memory_order_acquire); }
 
 namespace detail {
+
+void profile_call(Profiler& prof, const char* op, const std::function<void()>& run) {
+  const int64_t wait0 = pool_wait_ns(), t0 = now_ns();
+  run();
+  const int64_t t1 = now_ns(), wait1 = pool_wait_ns();
+  prof.on_kernel(op, t_tag, double(t1 - t0) * 1e-9, double(wait1 - wait0) * 1e-9);
+}
 
 void record_call(Recorder& rec, const char* op, uint64_t index, std::string shape,
                  KernelBackend backend, const std::vector<BufferSlot>& slots,

@@ -14,21 +14,26 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/profiler.h"
 
 namespace deepinfer::kernels {
 
 // Names the model part issuing kernel calls on this thread, e.g. KernelTag t("layer3"); then
 // KernelTag m("moe") gives "layer3.moe". Tags nest (joined with '.') and are restored on scope
-// exit.
+// exit. Under a Profiler (kernels/profiler.h) each scope's wall time is recorded too; `kind`
+// marks the scopes where the rank runs collectives (EP dispatch/combine).
 class KernelTag {
  public:
-  explicit KernelTag(std::string_view name);
+  explicit KernelTag(std::string_view name, ScopeKind kind = ScopeKind::compute);
   ~KernelTag();
   KernelTag(const KernelTag&) = delete;
   KernelTag& operator=(const KernelTag&) = delete;
 
  private:
   size_t saved_size_;
+  Profiler* profiler_;
+  ScopeKind kind_;
+  int64_t start_ns_ = 0;
 };
 
 // The current thread's tag ("" outside any KernelTag).

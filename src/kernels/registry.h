@@ -196,6 +196,7 @@ bool fault_matches(const char* op, uint64_t index);
 void perturb_buffer(const BufferSlot& slot);
 
 namespace detail {
+void profile_call(Profiler& prof, const char* op, const std::function<void()>& run);
 void record_call(Recorder& rec, const char* op, uint64_t index, std::string shape,
                  KernelBackend backend, const std::vector<BufferSlot>& slots,
                  const std::function<void()>& run,
@@ -215,7 +216,10 @@ void dispatch(const P& p, void (*host_fn)(const P&), void (*cpu_fn)(const P&)) {
   const bool fault = backend == KernelBackend::cpu && fault_matches(Spec::name, index);
   Recorder* rec = active_recorder();
   if (rec == nullptr) [[likely]] {
-    fn(p);
+    if (Profiler* prof = active_profiler(); prof != nullptr) [[unlikely]]
+      detail::profile_call(*prof, Spec::name, [&] { fn(p); });
+    else
+      fn(p);
     if (fault) detail::apply_fault(collect_buffers(p));
     return;
   }

@@ -468,7 +468,7 @@ struct DeepseekModel::Impl {
     din.topk_weights = Tensor::borrow(wts, DType::f32, {T, K});
     DispatchOutput dout;
     {
-      k::KernelTag tag("moe.dispatch");
+      k::KernelTag tag("moe.dispatch", k::ScopeKind::collective);
       dout = ep->dispatch(din);
     }
     bf16* shared = nullptr;
@@ -505,7 +505,7 @@ struct DeepseekModel::Impl {
     }
     CombineOutput cout_;
     {
-      k::KernelTag tag("moe.combine");
+      k::KernelTag tag("moe.combine", k::ScopeKind::collective);
       cout_ = ep->combine(y_out, dout.handle);
     }
     if (T == 0) return;
@@ -613,27 +613,33 @@ ForwardOutput DeepseekModel::forward(const std::vector<SeqChunk>& chunks, PagedK
   return impl_->forward(chunks, cache, trace);
 }
 
-double DeepseekModel::active_weight_bytes_per_token() const {
+DecodeWeightBytes DeepseekModel::decode_weight_bytes() const {
   const auto& w = *impl_->w;
   const auto& c = w.config;
-  double b = 0;
+  DecodeWeightBytes d;
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const auto& L = w.layers[i];
-    b += double(L.q_a.weight_bytes() + L.q_b.weight_bytes() + L.q.weight_bytes() +
-                L.kv_a.weight_bytes() + L.o.weight_bytes());
-    b += double(impl_->kvb[i].w_bf16.nbytes()) + double(impl_->kvb[i].w_uk_t.nbytes());
-    b += 2.0 * double(c.hidden_size) * 2;  // the two norms
+    d.shared += double(L.q_a.weight_bytes() + L.q_b.weight_bytes() + L.q.weight_bytes() +
+                       L.kv_a.weight_bytes() + L.o.weight_bytes());
+    d.shared += double(impl_->kvb[i].w_bf16.nbytes()) + double(impl_->kvb[i].w_uk_t.nbytes());
+    d.shared += 2.0 * double(c.hidden_size) * 2;  // the two norms
     if (!L.moe) {
-      b += double(mlp_bytes(L.dense));
+      d.shared += double(mlp_bytes(L.dense));
     } else {
-      b += double(L.router.weight_bytes());
-      if (!L.experts.empty()) b += double(c.num_experts_per_tok) * double(mlp_bytes(L.experts[0]));
-      if (L.has_shared) b += double(mlp_bytes(L.shared));
+      d.shared += double(L.router.weight_bytes());
+      if (L.has_shared) d.shared += double(mlp_bytes(L.shared));
+      ++d.moe_layers;
+      if (!L.experts.empty()) d.routed_expert = double(mlp_bytes(L.experts[0]));
     }
   }
-  b += double(w.lm_head.weight_bytes()) +
-       double(c.hidden_size) * 2 * 2;  // head, final norm, embed row
-  return b;
+  d.shared += double(w.lm_head.weight_bytes()) + double(c.hidden_size) * 2;  // head, final norm
+  d.per_token = double(c.hidden_size) * 2;                                   // the embedding row
+  return d;
+}
+
+double DeepseekModel::active_weight_bytes_per_token() const {
+  const DecodeWeightBytes d = decode_weight_bytes();
+  return d.step_bytes(1, double(d.moe_layers) * double(impl_->cfg.num_experts_per_tok));
 }
 
 }  // namespace deepinfer::model

@@ -54,6 +54,20 @@ struct ForwardOutput {
   RoutingTrace routing;            // filled when forward(..., trace = true)
 };
 
+// The weight bytes a decode step reads, split by what the batch changes: weights every step reads
+// once (attention, dense FFNs, routers, shared experts, norms, LM head), one routed expert's MLP
+// (read once per distinct expert the batch routes to in a layer), and the embedding row per token.
+struct DecodeWeightBytes {
+  double shared = 0;
+  double routed_expert = 0;
+  double per_token = 0;
+  int64_t moe_layers = 0;
+  // A step of `tokens` tokens that touches `distinct_experts` (layer, expert) pairs in total.
+  double step_bytes(int64_t tokens, double distinct_experts) const {
+    return shared + distinct_experts * routed_expert + double(tokens) * per_token;
+  }
+};
+
 class DeepseekModel {
  public:
   DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group,
@@ -73,6 +87,8 @@ class DeepseekModel {
   // Bytes of weights one token reads in decode (attention + dense + top-k experts + shared + head),
   // for the decode roofline.
   double active_weight_bytes_per_token() const;
+  // The same bytes split for a batch (bench decode --batch).
+  DecodeWeightBytes decode_weight_bytes() const;
 
  private:
   struct Impl;

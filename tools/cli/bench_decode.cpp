@@ -1,7 +1,9 @@
 // `deepinfer bench decode`: end-to-end prefill and decode speed of the engine (JSON lines, the
 // benchmark contract of docs/performance.md §1): prefill of a 128-token prompt in tokens/s against
-// the fp32 FMA peak, and decode tokens/s against the decode roofline = read bandwidth (memcpy,
-// measured in this run) ÷ active weight bytes per token. --model synthetic writes a
+// the fp32 FMA peak (and the BF16-dot peak where the CPU has it), and decode at batch B against
+// the decode roofline = read bandwidth (a 1 GiB read-only pass in this run) ÷ the weight bytes a
+// step reads (shared weights once, the distinct experts the batch routes to). --profile prints the
+// decode step per op and per layer (docs/performance.md §8). --model synthetic writes a
 // DeepSeek-V3-architecture model with random BF16 weights (fixed seed) in HF layout into
 // --synthetic-dir and loads it with
 // --quantize fp8.
@@ -10,11 +12,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +26,7 @@
 #include "command.h"
 #include "core/check.h"
 #include "core/env.h"
+#include "kernels/profiler.h"
 #include "kernels/testing/bench.h"
 #include "model/safetensors.h"
 #include "runtime/engine.h"
@@ -42,6 +47,8 @@ struct BenchDecodeCli {
   int64_t prompt_tokens = 128;
   int64_t decode_tokens = 32;
   int reps = 3;
+  std::vector<int64_t> batch = {1};  // sequences decoding together
+  bool profile = false;
 };
 
 // Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
@@ -65,6 +72,41 @@ double linear_flops_per_token(const model::ModelConfig& c) {
   return 2.0 * f;
 }
 
+// B requests of `prompt_len` random tokens (distinct per request), each generating `new_tokens`.
+std::vector<runtime::Request> decode_requests(int64_t B, int64_t prompt_len, int64_t new_tokens,
+                                              int32_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<runtime::Request> rs(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    auto& q = rs[size_t(b)];
+    q.id = b;
+    q.prompt.resize(static_cast<size_t>(prompt_len));
+    for (auto& t : q.prompt) t = int32_t(rng() % uint64_t(vocab));
+    q.max_new_tokens = new_tokens;
+  }
+  return rs;
+}
+
+// Mean over decode steps of the (MoE layer, expert) pairs the batch routes to: the experts a step
+// must read. `results` come from a recorded run; decode step j feeds position prompt_len + j.
+double distinct_experts_per_step(const std::vector<runtime::RequestResult>& results,
+                                 int64_t prompt_len, int64_t steps) {
+  if (results.empty() || results[0].routing.empty()) return 0;
+  const size_t layers = results[0].routing.size();
+  const int64_t K = int64_t(results[0].routing[0].size()) / results[0].num_positions;
+  double total = 0;
+  for (int64_t j = 0; j < steps; ++j)
+    for (size_t l = 0; l < layers; ++l) {
+      std::vector<int64_t> ids;
+      for (const auto& r : results)
+        for (int64_t k = 0; k < K; ++k)
+          ids.push_back(r.routing[l][size_t((prompt_len + j) * K + k)]);
+      std::sort(ids.begin(), ids.end());
+      total += double(std::unique(ids.begin(), ids.end()) - ids.begin());
+    }
+  return total / double(steps);
+}
+
 int run_bench_decode(BenchDecodeCli o) {
   Knobs kn = knobs();
   kn.threads = o.threads;
@@ -81,85 +123,140 @@ int run_bench_decode(BenchDecodeCli o) {
   kernels::testing::BenchContext ctx;
   ctx.threads = o.threads;
   ctx.pool = &pool;
-  const double bw_gbps = ctx.memcpy_gbps(size_t(256) << 20);
+  // A decode step reads its weights and writes almost nothing: its limit is a read-only pass.
+  const double bw_gbps = ctx.read_gbps(kernels::testing::kReadPassBytes);
   const double peak_gflops = ctx.fma_peak_gflops();
+  const double bf16_dot_gflops = ctx.bf16_dot_peak_gflops();
+  const int64_t max_batch = *std::max_element(o.batch.begin(), o.batch.end());
+  constexpr int64_t kDecodePrompt = 16;
 
   runtime::LaunchModelOptions lo;
   lo.model_dir = dir;
   lo.ep = o.ep;
   lo.quantize_fp8 = o.quantize == "fp8";
+  std::mutex print_mutex;
   runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
     runtime::EngineOptions eo;
     eo.model = model::ModelOptions::from_knobs();
-    eo.max_tokens_per_step = std::max<int64_t>(256, o.prompt_tokens);
-    runtime::Engine engine(rc.weights, rc.group, eo);
+    eo.max_tokens_per_step = std::max<int64_t>({256, o.prompt_tokens, max_batch * kDecodePrompt});
+    eo.max_batch = std::max<int64_t>(eo.max_batch, max_batch);
     const auto& cfg = rc.weights->config;
-    std::mt19937 rng(7);
-    std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
-    for (auto& t : prompt) t = int32_t(rng() % uint32_t(cfg.vocab_size));
-    // Prefill: one 128-token prompt per rank, one generated token.
-    std::vector<double> pre, dec;
-    for (int r = 0; r < o.reps + 1; ++r) {
-      runtime::Request q;
-      q.prompt = prompt;
-      q.max_new_tokens = 1;
-      const auto s0 = engine.stats();
-      engine.generate({q});
-      const auto s1 = engine.stats();
-      if (r > 0) pre.push_back(s1.prefill_seconds - s0.prefill_seconds);  // first run warms up
-    }
-    // Decode: a short prompt, then decode_tokens greedy steps (batch 1 per rank).
-    for (int r = 0; r < o.reps + 1; ++r) {
-      runtime::Request q;
-      q.prompt.assign(prompt.begin(), prompt.begin() + std::min<int64_t>(16, o.prompt_tokens));
-      q.max_new_tokens = o.decode_tokens + 1;
-      const auto s0 = engine.stats();
-      engine.generate({q});
-      const auto s1 = engine.stats();
-      if (r > 0)
-        dec.push_back((s1.decode_seconds - s0.decode_seconds) /
-                      double(s1.decode_tokens - s0.decode_tokens));
-    }
-    if (rc.group.rank() != 0) return;
-    std::sort(pre.begin(), pre.end());
-    std::sort(dec.begin(), dec.end());
-    const double pre_s = pre[pre.size() / 2], dec_s = dec[dec.size() / 2];
+    const int32_t V = int32_t(cfg.vocab_size);
+    eo.kv_pages =
+        max_batch * runtime::pages_needed(decode_requests(
+                        1, std::max(o.prompt_tokens, kDecodePrompt), o.decode_tokens + 1, V, 0)[0]);
+    runtime::Engine engine(rc.weights, rc.group, eo);
+    const bool lead = rc.group.rank() == 0;
     const std::string tag = fmt::format("{} ep={} threads={}{}", name, o.ep, o.threads,
                                         lo.quantize_fp8 ? " quantize=fp8" : "");
-    // Prefill: flops of the linears (top-k experts) + attention over the causal prompt.
-    const double T = double(o.prompt_tokens);
-    const double attn_flops =
-        2.0 * double(cfg.num_hidden_layers) * double(cfg.num_attention_heads) *
-        double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * T * (T + 1) / 2.0;
-    const double pre_flops = linear_flops_per_token(cfg) * T + attn_flops;
-    kernels::testing::BenchRecord a;
-    a.bench = "decode";
-    a.case_name = fmt::format("{} prefill {} tokens", tag, o.prompt_tokens);
-    a.seconds = pre_s;
-    a.flops = pre_flops;
-    a.limit = "fma_peak_gflops";
-    a.limit_value = peak_gflops;
-    a.ratio = pre_flops / pre_s / 1e9 / peak_gflops;
-    a.extra = {{"tokens_per_s", T / pre_s}};
-    ctx.emit(a);
-    const double bytes = engine.model().active_weight_bytes_per_token();
-    kernels::testing::BenchRecord d;
-    d.bench = "decode";
-    d.case_name = fmt::format("{} decode batch 1", tag);
-    d.seconds = dec_s;
-    d.bytes = bytes;
-    d.limit = "memcpy_gbps";
-    d.limit_value = bw_gbps;
-    d.ratio = bytes / dec_s / 1e9 / bw_gbps;
-    d.extra = {{"tokens_per_s", 1.0 / dec_s}, {"roofline_tokens_per_s", bw_gbps * 1e9 / bytes}};
-    ctx.emit(d);
+    // Prefill: one prompt_tokens prompt per rank, one generated token; the first run warms up.
+    std::vector<double> pre;
+    const runtime::Request pre_req = decode_requests(1, o.prompt_tokens, 1, V, 7)[0];
+    for (int r = 0; r < o.reps + 1; ++r) {
+      const auto s0 = engine.stats();
+      engine.generate({pre_req});
+      const auto s1 = engine.stats();
+      if (r > 0) pre.push_back(s1.prefill_seconds - s0.prefill_seconds);
+    }
+    if (lead) {
+      std::sort(pre.begin(), pre.end());
+      const double pre_s = pre[pre.size() / 2];
+      // Prefill: flops of the linears (top-k experts) + attention over the causal prompt.
+      const double T = double(o.prompt_tokens);
+      const double attn_flops =
+          2.0 * double(cfg.num_hidden_layers) * double(cfg.num_attention_heads) *
+          double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * T * (T + 1) / 2.0;
+      const double pre_flops = linear_flops_per_token(cfg) * T + attn_flops;
+      kernels::testing::BenchRecord a;
+      a.bench = "decode";
+      a.case_name = fmt::format("{} prefill {} tokens", tag, o.prompt_tokens);
+      a.seconds = pre_s;
+      a.flops = pre_flops;
+      a.limit = "fma_peak_gflops";
+      a.limit_value = peak_gflops;
+      a.ratio = pre_flops / pre_s / 1e9 / peak_gflops;
+      a.extra = {{"tokens_per_s", T / pre_s}};
+      if (bf16_dot_gflops > 0) {
+        a.extra["bf16_dot_peak_gflops"] = bf16_dot_gflops;
+        a.extra["ratio_bf16_dot_peak"] = pre_flops / pre_s / 1e9 / bf16_dot_gflops;
+      }
+      ctx.emit(a);
+    }
+
+    const model::DecodeWeightBytes wb = engine.model().decode_weight_bytes();
+    for (const int64_t B : o.batch) {
+      // B sequences decode together: a short prompt each, then decode_tokens greedy steps.
+      const auto reqs =
+          decode_requests(B, kDecodePrompt, o.decode_tokens + 1, V, 100 + uint64_t(B));
+      std::vector<double> tok_s;
+      for (int r = 0; r < o.reps + 1; ++r) {
+        const auto s0 = engine.stats();
+        engine.generate(reqs);
+        const auto s1 = engine.stats();
+        if (r > 0)
+          tok_s.push_back(double(s1.decode_tokens - s0.decode_tokens) /
+                          (s1.decode_seconds - s0.decode_seconds));
+      }
+      // The experts each step reads, from a recorded (untimed) run of the same greedy requests.
+      auto recorded = reqs;
+      for (auto& q : recorded) q.record = true;
+      const double distinct =
+          distinct_experts_per_step(engine.generate(recorded), kDecodePrompt, o.decode_tokens);
+      if (o.profile) {
+        // The same decode under the profiler: step until every prefill is done, then profile the
+        // decode steps (every rank steps the same number of times: equal lengths everywhere).
+        for (const auto& q : reqs) engine.start(q);
+        std::vector<int64_t> emitted(size_t(B), 0);
+        auto count = [&](const std::vector<runtime::StepEvent>& ev) {
+          for (const auto& e : ev) ++emitted[size_t(e.id)];
+        };
+        while (*std::min_element(emitted.begin(), emitted.end()) == 0) count(engine.step());
+        kernels::Profiler prof;
+        int64_t steps = 0;
+        double seconds = 0;
+        {
+          kernels::ScopedProfiler use(&prof);
+          while (engine.num_active() > 0) {
+            const auto t0 = std::chrono::steady_clock::now();
+            count(engine.step());
+            seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            ++steps;
+          }
+        }
+        std::lock_guard lock(print_mutex);
+        std::printf("# %s decode batch %lld, rank %d of %d\n%s", tag.c_str(),
+                    static_cast<long long>(B), rc.group.rank(), rc.group.size(),
+                    prof.table(steps, seconds).c_str());
+        std::fflush(stdout);
+      }
+      if (!lead) continue;
+      std::sort(tok_s.begin(), tok_s.end());
+      const double tps = tok_s[tok_s.size() / 2], step_s = double(B) / tps;
+      // With EP every rank runs B sequences: the step reads each rank's share of the experts, and
+      // the shared weights once per rank; the figures here are rank 0's.
+      const double bytes = wb.step_bytes(B, distinct);
+      kernels::testing::BenchRecord d;
+      d.bench = "decode";
+      d.case_name = fmt::format("{} decode batch {}", tag, B);
+      d.seconds = step_s;
+      d.bytes = bytes;
+      d.limit = "read_gbps";
+      d.limit_value = bw_gbps;
+      d.ratio = bytes / step_s / 1e9 / bw_gbps;
+      d.extra = {{"tokens_per_s", tps},
+                 {"roofline_tokens_per_s", double(B) * bw_gbps * 1e9 / bytes},
+                 {"distinct_experts_per_moe_layer",
+                  distinct / double(std::max<int64_t>(wb.moe_layers, 1))}};
+      ctx.emit(d);
+    }
   });
   return 0;
 }
 
 DEEPINFER_COMMAND(
     "bench", "decode",
-    "Engine prefill (vs the fp32 FMA peak) and decode (vs the weight-read roofline) tokens/s; "
+    "Engine prefill (vs the fp32 FMA / BF16-dot peak) and decode at batch B (vs the weight-read "
+    "roofline) tokens/s; "
     "JSON lines. --model synthetic: a DeepSeek-V3-architecture model with random BF16 weights",
     [](CLI::App& app) {
       auto o = std::make_shared<BenchDecodeCli>();
@@ -180,6 +277,13 @@ DEEPINFER_COMMAND(
           ->check(CLI::Range(int64_t(1), int64_t(4096)));
       app.add_option("--reps", o->reps, "Timed runs; the median is reported (default 3)")
           ->check(CLI::Range(1, 100));
+      app.add_option("--batch", o->batch,
+                     "Sequences decoding together, one record each (default 1; e.g. 1,4,16)")
+          ->delimiter(',')
+          ->check(CLI::Range(int64_t(1), int64_t(256)));
+      app.add_flag("--profile", o->profile,
+                   "Also print each rank's decode step broken down per op and per layer (kernel "
+                   "compute, pool waiting, collectives, the rest) as '#' lines");
       return [o] { return run_bench_decode(*o); };
     });
 

@@ -338,9 +338,33 @@ void LargeM(const GemmArgs& g) {
   });
 }
 
+// Batch-invariant mode, M > kSmallM: the decode layout kernel over chunks of kSmallM rows. Each
+// row gets the bytes the prefill kernel would give it (invariant_pairs_swapped: the two agree bit
+// for bit), but the weights go through BF16 dot products, about twice the fp32 FMA rate here,
+// instead of being unpacked into f32 panels for FMA: faster at every M measured
+// (docs/performance.md §8). False, doing nothing, where the decode layout kernel does not take the
+// shape.
+bool ChunkedDecodeLayout(const GemmArgs& g) {
+  if (g.bf16_inputs || g.m <= kSmallM || !small_m_invariant()) return false;
+  for (int64_t r = 0; r < g.m; r += kSmallM) {
+    GemmArgs c = g;
+    c.m = std::min<int64_t>(kSmallM, g.m - r);
+    c.a = static_cast<const fp8_e4m3*>(g.a) + r * g.k;
+    c.a_scales = g.a_scales ? g.a_scales + r * (g.k / 128) : nullptr;
+    if (c.out) c.out += r * g.n;
+    if (c.out_f32) c.out_f32 += r * g.n;
+    if (!gemm_fp8_small_m_vbmi(c)) {
+      DI_CHECK(r == 0, "decode layout kernel refused chunk {} of a shape it took", r);
+      return false;
+    }
+  }
+  return true;
+}
+
 void Gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.m <= kSmallM && gemm_fp8_small_m_vbmi(g)) return;
+  if (ChunkedDecodeLayout(g)) return;
   if (g.k == 0) {
     for (int64_t r = 0; r < g.m; ++r)
       for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);

@@ -1,5 +1,5 @@
-// Bench helpers: timing, the measured limits (memcpy bandwidth, fp32 FMA peak, BF16 dot-product
-// peak), JSON output, and the sub-bench registry.
+// Bench helpers: timing, the measured limits (read bandwidth, memcpy bandwidth, fp32 FMA peak,
+// BF16 dot-product peak), JSON output, and the sub-bench registry.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/testing/bench.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -44,6 +44,26 @@ double FmaLoop(int64_t iters, float* sink) {
   return double(iters) * 12.0 * double(hn::Lanes(d)) * 2.0;
 }
 
+// Reads [p, p + n) once (n a multiple of 256) with four independent vector adds; returns a sum of
+// the words so the loads cannot be optimised away. The read-only pass behind read_gbps.
+uint64_t ReadLoop(const uint8_t* p, size_t n) {
+  const hn::ScalableTag<uint64_t> d;
+  const size_t N = hn::Lanes(d);
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  const size_t words = n / sizeof(uint64_t);
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 4 * N <= words; i += 4 * N) {
+    s0 = hn::Add(s0, hn::LoadU(d, w + i));
+    s1 = hn::Add(s1, hn::LoadU(d, w + i + N));
+    s2 = hn::Add(s2, hn::LoadU(d, w + i + 2 * N));
+    s3 = hn::Add(s3, hn::LoadU(d, w + i + 3 * N));
+  }
+  uint64_t tail = 0;
+  for (; i < words; ++i) tail += w[i];
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3)))) + tail;
+}
+
 }  // namespace deepinfer::kernels::testing::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -60,6 +80,7 @@ HWY_AFTER_NAMESPACE();
 namespace deepinfer::kernels::testing {
 
 HWY_EXPORT(FmaLoop);
+HWY_EXPORT(ReadLoop);
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -154,6 +175,31 @@ double BenchContext::memcpy_gbps(size_t bytes) {
   const double s = time(copy, 7, 0.3);
   const double gbps = double(bytes) / s / 1e9;
   memcpy_cache[bytes] = gbps;
+  return gbps;
+}
+
+double BenchContext::read_gbps(size_t bytes) {
+  if (read_cache.count(bytes)) return read_cache[bytes];
+  bytes = (bytes + 255) / 256 * 256;
+  std::vector<uint8_t> buf(bytes, 1);  // written once: every page mapped before timing
+  const int64_t chunks = std::max(1, pool ? pool->num_threads() : 1);
+  std::vector<uint64_t> sinks(size_t(chunks) * 8, 0);  // one cache line per chunk
+  auto read = [&] {
+    auto body = [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const size_t lo = bytes / 256 * size_t(c) / size_t(chunks) * 256,
+                     hi = bytes / 256 * size_t(c + 1) / size_t(chunks) * 256;
+        sinks[size_t(c) * 8] += HWY_DYNAMIC_DISPATCH(ReadLoop)(buf.data() + lo, hi - lo);
+      }
+    };
+    if (pool)
+      pool->parallel_for(chunks, 1, body);
+    else
+      body(0, chunks);
+  };
+  const double s = time(read, 7, 0.3);
+  const double gbps = double(bytes) / s / 1e9;
+  read_cache[bytes] = gbps;
   return gbps;
 }
 

@@ -24,13 +24,16 @@ struct BenchRecord {
   double seconds = 0;      // median of the timed runs
   double bytes = 0;        // bytes the kernel must move (0 if compute-bound)
   double flops = 0;        // floating-point operations (0 if memory-bound)
-  std::string limit;       // "memcpy_gbps", "fma_peak_gflops", "openblas_sgemm_s", ...
+  std::string limit;       // "read_gbps", "memcpy_gbps", "fma_peak_gflops", "openblas_sgemm_s", ...
   double limit_value = 0;  // the limit measured in this run
   double ratio = 0;        // achieved / limit (for a time-based limit: limit seconds / seconds)
   bool correct = true;     // the result was checked against the host reference in this run
   double rel_err = 0;      // that check's ‖a−b‖/‖b‖
   std::map<std::string, double> extra = {};  // more numbers worth printing
 };
+
+// The read pass behind every weight-streaming limit: large enough that no cache holds it.
+inline constexpr size_t kReadPassBytes = size_t(1) << 30;
 
 struct BenchContext {
   int threads = 2;
@@ -40,7 +43,12 @@ struct BenchContext {
   // Median seconds of `fn` over `reps` runs after one warm-up (reps adapted to >= min_seconds
   // total).
   double time(const std::function<void()>& fn, int reps = 5, double min_seconds = 0.2);
-  // memcpy bandwidth (bytes copied per second, GB/s) on buffers of `bytes`, split over the pool.
+  // Read bandwidth (GB/s) of a read-only pass over `bytes` split over the pool: the limit of
+  // weight streaming (a decode step reads its weights and writes almost nothing). Use >= 1 GiB so
+  // no cache level holds the buffer.
+  double read_gbps(size_t bytes);
+  // memcpy bandwidth (bytes copied per second, GB/s) on buffers of `bytes`, split over the pool:
+  // the limit of timed copies (each byte is read and written).
   double memcpy_gbps(size_t bytes);
   // fp32 FMA peak (GFLOP/s, 2 flops per FMA lane) of a Highway FMA loop on every pool thread.
   double fma_peak_gflops();
@@ -50,7 +58,7 @@ struct BenchContext {
   // Prints `r` as one JSON line to stdout.
   void emit(const BenchRecord& r);
 
-  std::map<size_t, double> memcpy_cache;
+  std::map<size_t, double> read_cache, memcpy_cache;
   double fma_cache = 0;
   double bf16_dot_cache = -1;
 };

@@ -1,0 +1,137 @@
+#include "kernels/profiler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <vector>
+
+namespace deepinfer::kernels {
+
+namespace {
+thread_local Profiler* t_profiler = nullptr;
+
+// True when `tag` is `scope` or lies inside it.
+bool within(std::string_view tag, std::string_view scope) {
+  return tag.substr(0, scope.size()) == scope &&
+         (tag.size() == scope.size() || tag[scope.size()] == '.');
+}
+
+std::string_view top_part(std::string_view tag) { return tag.substr(0, tag.find('.')); }
+}  // namespace
+
+Profiler* active_profiler() { return t_profiler; }
+ScopedProfiler::ScopedProfiler(Profiler* p) : saved_(t_profiler) { t_profiler = p; }
+ScopedProfiler::~ScopedProfiler() { t_profiler = saved_; }
+
+void Profiler::on_kernel(std::string_view op, std::string_view tag, double seconds,
+                         double pool_wait) {
+  OpStat& s = kernels_[{std::string(tag), std::string(op)}];
+  ++s.calls;
+  s.seconds += seconds;
+  s.pool_wait += pool_wait;
+}
+
+void Profiler::on_scope(std::string_view tag, ScopeKind kind, double seconds) {
+  ScopeStat& s = scopes_[std::string(tag)];
+  s.kind = kind;
+  ++s.entries;
+  s.seconds += seconds;
+}
+
+void Profiler::reset() {
+  kernels_.clear();
+  scopes_.clear();
+}
+
+std::string Profiler::table(int64_t steps, double total_seconds) const {
+  const double per = 1e3 / double(std::max<int64_t>(steps, 1));  // seconds -> ms per step
+  const double total_ms = total_seconds * per;
+  auto pct = [&](double ms) { return total_ms > 0 ? 100.0 * ms / total_ms : 0.0; };
+  std::string out =
+      fmt::format("# decode profile: {} steps, {:.3f} ms per step\n", steps, total_ms);
+
+  // Per op, summed over the parts that call it, slowest first.
+  std::map<std::string, OpStat> ops;
+  for (const auto& [key, s] : kernels_) {
+    OpStat& o = ops[key.second];
+    o.calls += s.calls;
+    o.seconds += s.seconds;
+    o.pool_wait += s.pool_wait;
+  }
+  std::vector<std::pair<std::string, OpStat>> by_time(ops.begin(), ops.end());
+  std::sort(by_time.begin(), by_time.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  out += fmt::format("# {:<22} {:>9} {:>10} {:>10} {:>10} {:>7}\n", "op", "calls", "ms", "compute",
+                     "pool wait", "% step");
+  double kernel_ms = 0;
+  for (const auto& [op, s] : by_time) {
+    const double ms = s.seconds * per;
+    kernel_ms += ms;
+    out += fmt::format("# {:<22} {:>9.1f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.1f}\n", op,
+                       double(s.calls) / double(std::max<int64_t>(steps, 1)), ms,
+                       (s.seconds - s.pool_wait) * per, s.pool_wait * per, pct(ms));
+  }
+  out += fmt::format("# {:<22} {:>9} {:>10.3f} {:>10} {:>10} {:>7.1f}\n", "all kernels", "",
+                     kernel_ms, "", "", pct(kernel_ms));
+
+  // Per top-level part, in the order the forward runs them (layers numerically).
+  std::vector<std::string> parts;
+  for (const auto& [tag, s] : scopes_)
+    if (tag.find('.') == std::string::npos) parts.push_back(tag);
+  auto layer_no = [](const std::string& p) {
+    return p.rfind("layer", 0) == 0 ? std::atoi(p.c_str() + 5) : -1;
+  };
+  auto rank = [&](const std::string& p) {
+    if (p == "embed") return -2;
+    if (layer_no(p) >= 0 && p.size() > 5 && std::isdigit(static_cast<unsigned char>(p[5])))
+      return layer_no(p);
+    return 1 << 20;
+  };
+  std::stable_sort(parts.begin(), parts.end(), [&](const std::string& a, const std::string& b) {
+    return rank(a) != rank(b) ? rank(a) < rank(b) : a < b;
+  });
+  out += fmt::format("# {:<22} {:>9} {:>10} {:>10} {:>10} {:>10} {:>7}\n", "part", "ms", "compute",
+                     "pool wait", "collective", "other", "% step");
+  double parts_ms = 0;
+  auto row = [&](const std::string& name, double incl, double kern, double wait, double coll) {
+    out += fmt::format("# {:<22} {:>9.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.1f}\n", name,
+                       incl * per, (kern - wait) * per, wait * per, coll * per,
+                       (incl - kern - coll) * per, pct(incl * per));
+  };
+  for (const std::string& part : parts) {
+    const double incl = scopes_.at(part).seconds;
+    double kern = 0, wait = 0, coll = 0;
+    for (const auto& [key, s] : kernels_)
+      if (within(key.first, part)) {
+        kern += s.seconds;
+        wait += s.pool_wait;
+      }
+    for (const auto& [tag, s] : scopes_) {
+      if (s.kind != ScopeKind::collective || !within(tag, part)) continue;
+      double inside = 0;
+      for (const auto& [key, k] : kernels_)
+        if (within(key.first, tag)) inside += k.seconds;
+      coll += s.seconds - inside;
+    }
+    parts_ms += incl * per;
+    row(part, incl, kern, wait, coll);
+  }
+  // Kernels called outside every scope count as their own part.
+  double loose = 0, loose_wait = 0;
+  for (const auto& [key, s] : kernels_)
+    if (key.first.empty() || !scopes_.count(std::string(top_part(key.first)))) {
+      loose += s.seconds;
+      loose_wait += s.pool_wait;
+    }
+  if (loose > 0) {
+    parts_ms += loose * per;
+    row("(no scope)", loose, loose, loose_wait, 0);
+  }
+  out += fmt::format("# {:<22} {:>9.3f} {:>54} {:>7.1f}\n", "outside the parts",
+                     total_ms - parts_ms, "(scheduling, bookkeeping)", pct(total_ms - parts_ms));
+  return out;
+}
+
+}  // namespace deepinfer::kernels
