@@ -11,6 +11,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/distributed_load.h"
 #include "model/weights.h"
 
 namespace deepinfer::runtime {
@@ -28,7 +29,12 @@ struct LaunchModelOptions {
 struct RankContext {
   Group& group;
   std::shared_ptr<const model::ModelWeights> weights;
+  model::LoadStats load;  // what this rank read from the checkpoint (DEEPINFER_LOAD)
 };
+
+// DEEPINFER_LOAD for this group: mmap or bucket; auto takes bucket where the ranks span several
+// hosts (collective under mpi: every rank gets the same answer).
+model::LoadMode load_mode(Group& group, CommKind comm);
 
 // Runs fn on every rank with that rank's kernel pool installed (kernel_threads_per_rank).
 void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(RankContext&)>& fn);

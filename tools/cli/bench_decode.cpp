@@ -120,6 +120,9 @@ int run_bench_decode(BenchDecodeCli o) {
         dec.push_back((s1.decode_seconds - s0.decode_seconds) /
                       double(s1.decode_tokens - s0.decode_tokens));
     }
+    // Bytes read from the checkpoint per rank at load (DEEPINFER_LOAD): the largest over ranks.
+    int64_t read_max = int64_t(rc.load.read_bytes());
+    rc.group.all_reduce(&read_max, 1, DType::i64, ReduceOp::max);
     if (rc.group.rank() != 0) return;
     std::sort(pre.begin(), pre.end());
     std::sort(dec.begin(), dec.end());
@@ -151,7 +154,11 @@ int run_bench_decode(BenchDecodeCli o) {
     d.limit = "memcpy_gbps";
     d.limit_value = bw_gbps;
     d.ratio = bytes / dec_s / 1e9 / bw_gbps;
-    d.extra = {{"tokens_per_s", 1.0 / dec_s}, {"roofline_tokens_per_s", bw_gbps * 1e9 / bytes}};
+    d.extra = {{"tokens_per_s", 1.0 / dec_s},
+               {"roofline_tokens_per_s", bw_gbps * 1e9 / bytes},
+               {"load_bucket", rc.load.mode == model::LoadMode::bucket ? 1.0 : 0.0},
+               {"load_read_bytes_max_rank", double(read_max)},
+               {"load_replicated_bytes", double(rc.load.replicated_bytes)}};
     ctx.emit(d);
   });
   return 0;
