@@ -210,7 +210,7 @@ TEST(Env, KnobDocsListExactlyTheKnobsTheParserReads) {
     EXPECT_NE(std::string(d.meaning), "") << d.name;
   }
   EXPECT_EQ(read, documented);
-  EXPECT_EQ(documented.size(), 16u);
+  EXPECT_EQ(documented.size(), 17u);
 }
 
 TEST(Env, UnknownDeepinferVariablesAreRejected) {

@@ -22,15 +22,21 @@ uint64_t key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
   return splitmix64(splitmix64(splitmix64(seed ^ a) ^ b) ^ c);
 }
 
-// Byte k of rank r's shard of tensor i in all_gather case c: the closed form every rank knows.
-std::byte ag_byte(uint64_t seed, int c, int r, size_t i, size_t k) {
-  return std::byte(splitmix64(key(seed, uint64_t(c), uint64_t(r), i) + k) & 0xff);
+// Byte k of rank r's shard of tensor i in all_gather case c is ag_byte(ag_key(...), k): the closed
+// form every rank knows.
+uint64_t ag_key(uint64_t seed, int c, int r, size_t i) {
+  return key(seed, uint64_t(c), uint64_t(r), i);
 }
+std::byte ag_byte(uint64_t k0, size_t k) { return std::byte(splitmix64(k0 + k) & 0xff); }
 
-// Rank r's value at element e of tensor i in reduce_scatter case c: a sign, 24 random mantissa bits
-// and an exponent in [-8, 8], so that the order of the sum shows in its rounding.
-float rs_value(uint64_t seed, int c, int r, size_t i, size_t e) {
-  const uint64_t h = splitmix64(key(seed ^ 0x5151, uint64_t(c), uint64_t(r), i) + e);
+// Rank r's value at element e of tensor i in reduce_scatter case c is rs_value(rs_key(...), e): a
+// sign, 24 random mantissa bits and an exponent in [-8, 8], so that the order of the sum shows in
+// its rounding.
+uint64_t rs_key(uint64_t seed, int c, int r, size_t i) {
+  return key(seed ^ 0x5151, uint64_t(c), uint64_t(r), i);
+}
+float rs_value(uint64_t k0, size_t e) {
+  const uint64_t h = splitmix64(k0 + e);
   const float m = float(h & 0xffffff) / float(1 << 24) + 0.5f;  // [0.5, 1.5)
   const int ex = int((h >> 24) % 17) - 8;
   return std::ldexp((h >> 40) & 1 ? -m : m, ex);
@@ -105,7 +111,8 @@ struct Runner {
       const size_t sb = ts[i].nbytes() / W;
       auto* p = static_cast<std::byte*>(ts[i].raw());
       if (ts[i].nbytes()) std::memset(p, 0xa5, ts[i].nbytes());  // every byte must be overwritten
-      for (size_t k = 0; k < sb; ++k) p[rank * sb + k] = ag_byte(o.seed, c, int(rank), i, k);
+      const uint64_t k0 = ag_key(o.seed, c, int(rank), i);
+      for (size_t k = 0; k < sb; ++k) p[rank * sb + k] = ag_byte(k0, k);
       // The plain reference: one Group::all_gather per tensor, from a copy of the shard.
       std::vector<std::byte> mine(p + rank * sb, p + (rank + 1) * sb);
       plain.emplace_back(W * sb);
@@ -119,28 +126,32 @@ struct Runner {
         why = fmt::format("tensor {} ({}) differs from the plain all_gather", i, ts[i].describe());
         return false;
       }
-      for (size_t r = 0; r < W; ++r)
+      for (size_t r = 0; r < W; ++r) {
+        const uint64_t k0 = ag_key(o.seed, c, int(r), i);
         for (size_t k = 0; k < sb; ++k)
-          if (p[r * sb + k] != ag_byte(o.seed, c, int(r), i, k)) {
+          if (p[r * sb + k] != ag_byte(k0, k)) {
             why = fmt::format("tensor {} ({}): byte {} of rank {}'s shard is wrong", i,
                               ts[i].describe(), k, r);
             return false;
           }
+      }
     }
     return true;
   }
 
   // The host reduce_scatter: this rank's element k of tensor i (shard s), from every rank's
-  // generated inputs, own first, then rank-1, rank-2, ... (cyclic), in fp32, scaled once.
-  float rs_reference(int c, size_t i, size_t s, size_t k, const ReduceScatterOptions& ro) const {
+  // generated inputs (keys[r]: rank r's values of the tensor; streams[r]: its stochastic rounding),
+  // own first, then rank-1, rank-2, ... (cyclic), in fp32, scaled once.
+  float rs_reference(const std::vector<uint64_t>& keys, const std::vector<uint64_t>& streams,
+                     size_t s, size_t k, const ReduceScatterOptions& ro) const {
     const int W = w(), d = g.rank();
     const size_t e = size_t(d) * s + k;
-    float acc = rs_value(o.seed, c, d, i, e);
+    float acc = rs_value(keys[size_t(d)], e);
     for (int j = 1; j < W; ++j) {
       const int r = (d - j + W) % W;
-      float v = rs_value(o.seed, c, r, i, e);
+      float v = rs_value(keys[size_t(r)], e);
       if (ro.precision == BucketPrecision::bf16)
-        v = ref_round_stochastic(v, sr_bits(sr_stream(ro.seed, r, i), e));
+        v = ref_round_stochastic(v, sr_bits(streams[size_t(r)], e));
       acc += v;
     }
     return acc * ro.scale;
@@ -154,17 +165,22 @@ struct Runner {
     std::vector<Tensor> ts;
     for (size_t i = 0; i < shards.size(); ++i) {
       ts.push_back(buf.alloc(DType::f32, {int64_t(W) * shards[i]}));
-      for (size_t e = 0; e < size_t(ts[i].numel()); ++e)
-        ts[i].data<float>()[e] = rs_value(o.seed, c, int(rank), i, e);
+      const uint64_t k0 = rs_key(o.seed, c, int(rank), i);
+      for (size_t e = 0; e < size_t(ts[i].numel()); ++e) ts[i].data<float>()[e] = rs_value(k0, e);
     }
     buf.reduce_scatter(ts, ro);
     for (size_t i = 0; i < ts.size(); ++i) {
       const size_t s = size_t(shards[i]);
       const float* p = ts[i].data<float>();
+      std::vector<uint64_t> keys(W), streams(W);
+      for (size_t r = 0; r < W; ++r) {
+        keys[r] = rs_key(o.seed, c, int(r), i);
+        streams[r] = sr_stream(ro.seed, int(r), i);
+      }
       for (size_t e = 0; e < W * s; ++e) {
         const bool own = e / s == rank;
         const float want =
-            own ? rs_reference(c, i, s, e - rank * s, ro) : rs_value(o.seed, c, int(rank), i, e);
+            own ? rs_reference(keys, streams, s, e - rank * s, ro) : rs_value(keys[rank], e);
         if (std::memcmp(&p[e], &want, 4) != 0) {
           why = fmt::format("tensor {} element {} ({}): got {:a}, want {:a}", i, e,
                             own ? "own shard" : "outside the own shard, must be unchanged", p[e],
