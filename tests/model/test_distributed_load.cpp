@@ -48,12 +48,15 @@ TEST_P(DistributedLoad, GathersTheCheckpointsBytes) {
           std::memcmp(a.data, b.data, a.nbytes) != 0 || (expert != (a.data == b.data)))
         ++bad;
     }
-    LoadOptions lo;
-    lo.ep_rank = g.rank();
-    lo.ep_size = g.size();
-    auto w = load_weights(ck, cfg, lo);
-    // The weights read from the gathered copy, not the mmap.
-    if (w->embed != reinterpret_cast<const bf16*>(ck->get("model.embed_tokens.weight").data)) ++bad;
+    if (cfg.n_routed_experts % g.size() == 0) {  // W = 3 checks the gather only
+      LoadOptions lo;
+      lo.ep_rank = g.rank();
+      lo.ep_size = g.size();
+      auto w = load_weights(ck, cfg, lo);
+      // The weights read from the gathered copy, not the mmap.
+      if (w->embed != reinterpret_cast<const bf16*>(ck->get("model.embed_tokens.weight").data))
+        ++bad;
+    }
     std::lock_guard lk(mu);
     stats.push_back(s);
   });
