@@ -88,20 +88,24 @@ std::shared_ptr<const Checkpoint> gather_replicated(Group& group,
         "names, dtypes or sizes differ; {} on rank {}); point every rank at the same folder, or "
         "set DEEPINFER_LOAD=mmap",
         base->dir(), rank);
-  // Chunks of W slices of `slice` bytes; each chunk is one in-place all_gather.
-  const size_t per_call = std::max(std::min(chunk_bytes, region), kAlign * w);
-  const size_t slice = align_up((per_call + w - 1) / w);
-  const size_t n_chunks = (region + w * slice - 1) / (w * slice);
-  BucketBuffer buf(group, BucketConfig{n_chunks * w * slice, BucketAlgo::automatic});
+  // Chunks of W equal slices, each chunk one in-place all_gather of at most chunk_bytes; the last
+  // chunk's slices shrink to what is left, so the padding stays below W·64 bytes a chunk.
+  const size_t full = align_up((std::max(std::min(chunk_bytes, region), kAlign * w) + w - 1) / w);
+  std::vector<size_t> slices;  // per chunk
+  size_t total = 0;
+  while (total < region) {
+    slices.push_back(std::min(full, align_up((region - total + w - 1) / w)));
+    total += w * slices.back();
+  }
+  BucketBuffer buf(group, BucketConfig{total, BucketAlgo::automatic});
   auto chunks = std::make_shared<std::vector<Tensor>>();
-  for (size_t c = 0; c < n_chunks; ++c)
-    chunks->push_back(buf.alloc(DType::u8, {int64_t(w * slice)}));
-  auto* data = n_chunks ? static_cast<std::byte*>(chunks->front().raw()) : nullptr;
-  for (size_t c = 0; c < n_chunks; ++c) {
-    DI_CHECK(chunks->at(c).raw() == data + c * w * slice, "chunk {} is not contiguous", c);
+  for (size_t slice : slices) chunks->push_back(buf.alloc(DType::u8, {int64_t(w * slice)}));
+  auto* data = slices.empty() ? nullptr : static_cast<std::byte*>(chunks->front().raw());
+  for (size_t c = 0, start = 0; c < slices.size(); start += w * slices[c], ++c) {
+    DI_CHECK(chunks->at(c).raw() == data + start, "chunk {} is not contiguous", c);
     // This rank's slice of the region: [lo, hi). Padding stays zero.
-    const size_t lo = (c * w + rank) * slice, hi = lo + slice;
-    std::memset(data + lo, 0, slice);
+    const size_t lo = start + rank * slices[c], hi = lo + slices[c];
+    std::memset(data + lo, 0, slices[c]);
     for (size_t i = 0; i < views.size(); ++i) {
       const size_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i] + views[i]->nbytes);
       if (a >= b) continue;
@@ -113,7 +117,7 @@ std::shared_ptr<const Checkpoint> gather_replicated(Group& group,
   stats.mode = LoadMode::bucket;
   stats.rank = int(rank);
   stats.world = int(w);
-  stats.gathered_bytes = n_chunks * w * slice;
+  stats.gathered_bytes = total;
   std::map<std::string, const std::byte*> moved;
   for (size_t i = 0; i < views.size(); ++i) {
     stats.replicated_bytes += views[i]->nbytes;

@@ -70,6 +70,9 @@ TEST_P(DistributedLoad, GathersTheCheckpointsBytes) {
     // About 1/W each (slices are equal up to the padding of the region and its chunks).
     EXPECT_LE(s.replicated_read_bytes, plain.replicated_bytes / size_t(world) + (64u << 10));
     sum += s.replicated_read_bytes;
+    // Padding: 64-byte alignment per tensor, and below W·64 bytes per chunk.
+    EXPECT_GE(s.gathered_bytes, plain.replicated_bytes);
+    EXPECT_LE(s.gathered_bytes, plain.replicated_bytes + plain.replicated_bytes / 50 + (64u << 10));
   }
   EXPECT_EQ(sum, plain.replicated_bytes);  // every byte read once, by one rank
 }
