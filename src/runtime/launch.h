@@ -1,7 +1,8 @@
 // Per-process launcher shared by the CLI commands: loads config.json and mmaps the checkpoint
 // once per process, then runs fn on every rank (threads for `local`, this process for `mpi`)
 // with that rank's weights (replicated tensors point into the shared mmap; only the rank's own
-// experts and converted tensors are per rank).
+// experts and converted tensors are per rank). With DEEPINFER_LOAD=bucket each rank reads 1/W of
+// the replicated tensors and an all_gather assembles a private copy (docs/ep.md §13.4).
 #pragma once
 
 #include <deepinfer/comm.h>
