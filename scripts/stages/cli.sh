@@ -77,8 +77,8 @@ user_error "weights that do not match config.json" 1 \
   "$DEEPINFER" generate --model "$BADSHAPE" --prompt hi --max-tokens 2
 
 echo "--- commands"
-user_error "unknown command" 2 "unknown command 'foo'; the commands are: .*check collectives.*generate.*tokenize" "$DEEPINFER" foo
-user_error "unknown check" 2 "deepinfer check: unknown command 'bar'; the commands are: collectives, e2e, engram, ep, kernels" "$DEEPINFER" check bar
+user_error "unknown command" 2 "unknown command 'foo'; the commands are: .*check bucket\|collectives.*generate.*tokenize" "$DEEPINFER" foo
+user_error "unknown check" 2 "deepinfer check: unknown command 'bar'; the commands are: bucket, collectives, e2e, engram, ep, kernels" "$DEEPINFER" check bar
 user_error "no command" 2 "no command given; the commands are" "$DEEPINFER"
 ver=$("$DEEPINFER" --version 2>&1); rc=$?
 want=$(sed -n 's/^project(deepinfer VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)

@@ -19,7 +19,7 @@ namespace deepinfer {
 namespace {
 
 // The single table of knobs: the parser, the unknown-name check and the docs all read it.
-constexpr std::array<KnobDoc, 16> kKnobDocs{{
+constexpr std::array<KnobDoc, 17> kKnobDocs{{
     {"DEEPINFER_COMM", "local, mpi", "local",
      "collective backend: `local` = one thread per rank, `mpi` = one process per rank (mpirun)"},
     {"DEEPINFER_COMM_TIMEOUT_S", "number > 0", "60",
@@ -53,6 +53,11 @@ constexpr std::array<KnobDoc, 16> kKnobDocs{{
      "local: each rank thread (and its kernel pool) runs on its own share of the CPUs the process "
      "may use, where there are at least as many CPUs as ranks; off: the OS places them (for CPUs "
      "shared with other busy processes)"},
+    {"DEEPINFER_LOAD", "mmap, bucket, auto", "auto",
+     "how each rank reads the replicated (non-expert) weights: `mmap` = in place from the mapped "
+     "checkpoint, `bucket` = 1/W of their bytes each, assembled by a bucketed all_gather (W× "
+     "fewer bytes read per rank, a private copy per rank); auto: bucket where the ranks span "
+     "several hosts"},
     {"DEEPINFER_FAULT", "kernel:<op>:<call>, op a kernel op name, call an integer >= 0", "(none)",
      "perturb the first output of call number <call> (from 0, per thread) of kernel op <op> on the "
      "cpu backend, to test `deepinfer diff` (collective faults: `check collectives --fault`)"},
@@ -187,6 +192,7 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
     k.threads = int(t);
   }
   if (auto v = get("DEEPINFER_PIN_RANKS")) k.pin_ranks = parse_on_off("DEEPINFER_PIN_RANKS", *v);
+  if (auto v = get("DEEPINFER_LOAD")) k.load = parse_choice("DEEPINFER_LOAD", *v);
   if (auto v = get("DEEPINFER_FAULT")) {
     parse_fault_knob(*v);
     k.fault = *v;

@@ -30,6 +30,7 @@ struct Knobs {
   bool batch_invariant = true;          // DEEPINFER_BATCH_INVARIANT = on|off
   int threads = 0;                      // DEEPINFER_THREADS (0 = hardware threads)
   bool pin_ranks = true;                // DEEPINFER_PIN_RANKS = on|off
+  std::string load = "auto";            // DEEPINFER_LOAD = mmap|bucket|auto
   std::string fault;                    // DEEPINFER_FAULT = kernel:<op>:<call> (the op: kernels)
   std::string capabilities_file;        // DEEPINFER_CAPABILITIES
   std::string log_level = "info";       // DEEPINFER_LOG = debug|info|warn|error

@@ -260,6 +260,20 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   }
 }
 
+Checkpoint::Checkpoint(std::shared_ptr<const Checkpoint> base,
+                       const std::map<std::string, const std::byte*>& moved,
+                       std::shared_ptr<const void> owner)
+    : dir_(base->dir_),
+      index_(base->index_),
+      base_(std::move(base)),
+      moved_owner_(std::move(owner)) {
+  for (const auto& [name, data] : moved) {
+    TensorView v = base_->get(name);
+    v.data = data;
+    index_[name] = &moved_.emplace(name, std::move(v)).first->second;
+  }
+}
+
 const TensorView& Checkpoint::get(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end())

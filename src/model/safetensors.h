@@ -69,6 +69,13 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
+  // The same checkpoint, except that each tensor named in `moved` reads its bytes from the given
+  // address (the same dtype, shape and bytes: a copy the caller made, e.g. the distributed loader's
+  // gathered replicated tensors). `base` stays alive with it (its mmap holds the other tensors),
+  // and so does `owner` (the memory of the copies).
+  Checkpoint(std::shared_ptr<const Checkpoint> base,
+             const std::map<std::string, const std::byte*>& moved,
+             std::shared_ptr<const void> owner);
 
   const std::string& dir() const { return dir_; }
   bool has(const std::string& name) const { return index_.count(name) != 0; }
@@ -84,6 +91,9 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
+  std::shared_ptr<const Checkpoint> base_;   // a moved copy's original
+  std::map<std::string, TensorView> moved_;  // its tensors that read elsewhere
+  std::shared_ptr<const void> moved_owner_;  // their memory
 };
 
 // Writes a safetensors file (tests and the synthetic-model tool use it).

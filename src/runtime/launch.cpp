@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/env.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "kernels/registry.h"
 #include "model/safetensors.h"
@@ -41,6 +42,15 @@ int kernel_threads_per_rank(Group& group, CommKind comm) {
   return knob > 0 ? knob : std::max(1, hw / here);
 }
 
+model::LoadMode load_mode(Group& group, CommKind comm) {
+  const std::string& k = knobs().load;
+  if (k == "mmap") return model::LoadMode::mmap;
+  if (k == "bucket") return model::LoadMode::bucket;
+  // auto: one host shares the page cache (mmap reads each byte from disk once per host).
+  const bool one_host = comm == CommKind::local || ranks_on_this_host(group) == group.size();
+  return one_host ? model::LoadMode::mmap : model::LoadMode::bucket;
+}
+
 void run_ranks_with_pools(const LaunchOptions& lo, const std::function<void(Group&)>& fn) {
   run_ranks(lo, [&](Group& group) {
     ThreadPool pool(kernel_threads_per_rank(group, lo.comm));
@@ -66,7 +76,18 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
     ld.quantize_fp8 = opts.quantize_fp8;
     ld.decode_layout = knobs().decode_layout && kernels::backend_from_knobs() == KernelBackend::cpu;
     ld.progress = opts.progress && group.rank() == 0 && isatty(STDERR_FILENO);
-    RankContext ctx{group, model::load_weights(checkpoint, cfg, ld)};
+    // The routed experts this rank reads (load_weights' split), and the replicated tensors.
+    const int64_t local_experts = cfg.n_routed_experts / group.size();
+    model::LoadStats stats = model::mmap_load_stats(*checkpoint, group.rank(), group.size(),
+                                                    group.rank() * local_experts, local_experts);
+    std::shared_ptr<const model::Checkpoint> ck = checkpoint;
+    if (load_mode(group, opts.comm) == model::LoadMode::bucket)
+      ck = model::gather_replicated(group, checkpoint, knobs().ep_chunk_bytes, stats);
+    if (stats.mode == model::LoadMode::bucket)
+      log_info("{}", stats.describe());
+    else
+      log_debug("{}", stats.describe());
+    RankContext ctx{group, model::load_weights(ck, cfg, ld), stats};
     fn(ctx);
   });
 }

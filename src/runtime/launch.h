@@ -1,7 +1,8 @@
 // Per-process launcher shared by the CLI commands: loads config.json and mmaps the checkpoint
 // once per process, then runs fn on every rank (threads for `local`, this process for `mpi`)
 // with that rank's weights (replicated tensors point into the shared mmap; only the rank's own
-// experts and converted tensors are per rank).
+// experts and converted tensors are per rank). With DEEPINFER_LOAD=bucket each rank reads 1/W of
+// the replicated tensors and an all_gather assembles a private copy (docs/ep.md §13.4).
 #pragma once
 
 #include <deepinfer/comm.h>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/distributed_load.h"
 #include "model/weights.h"
 
 namespace deepinfer::runtime {
@@ -28,7 +30,12 @@ struct LaunchModelOptions {
 struct RankContext {
   Group& group;
   std::shared_ptr<const model::ModelWeights> weights;
+  model::LoadStats load;  // what this rank read from the checkpoint (DEEPINFER_LOAD)
 };
+
+// DEEPINFER_LOAD for this group: mmap or bucket; auto takes bucket where the ranks span several
+// hosts (collective under mpi: every rank gets the same answer).
+model::LoadMode load_mode(Group& group, CommKind comm);
 
 // Runs fn on every rank with that rank's kernel pool installed (kernel_threads_per_rank).
 void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(RankContext&)>& fn);

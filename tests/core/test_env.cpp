@@ -73,7 +73,8 @@ TEST(Env, DocumentedDefaultsAreTheParsersDefaults) {
       {"DEEPINFER_LOG", k.log_level},
       {"DEEPINFER_DECODE_LAYOUT", k.decode_layout ? "on" : "off"},
       {"DEEPINFER_BATCH_INVARIANT", k.batch_invariant ? "on" : "off"},
-      {"DEEPINFER_PIN_RANKS", k.pin_ranks ? "on" : "off"}};
+      {"DEEPINFER_PIN_RANKS", k.pin_ranks ? "on" : "off"},
+      {"DEEPINFER_LOAD", k.load}};
   for (const KnobDoc& d : knob_docs()) {
     if (!got.count(d.name)) continue;
     EXPECT_EQ(got.at(d.name), d.def) << d.name;
@@ -93,6 +94,7 @@ TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
       {"DEEPINFER_DECODE_LAYOUT", {"on", "off"}},
       {"DEEPINFER_BATCH_INVARIANT", {"on", "off"}},
       {"DEEPINFER_PIN_RANKS", {"on", "off"}},
+      {"DEEPINFER_LOAD", {"mmap", "bucket", "auto"}},
       {"DEEPINFER_LOG", {"debug", "info", "warn", "error"}},
   };
   for (const KnobDoc& d : knob_docs()) {
@@ -110,6 +112,7 @@ TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
   EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "off"}}).ep_peer_memory, "off");
   EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "on"}}).ep_peer_memory, "on");
   EXPECT_EQ(parse({{"DEEPINFER_KERNELS", "host"}}).kernels, "host");
+  EXPECT_EQ(parse({{"DEEPINFER_LOAD", "bucket"}}).load, "bucket");
   for (const char* level : {"debug", "info", "warn", "error"})
     EXPECT_EQ(parse({{"DEEPINFER_LOG", level}}).log_level, level);
 }
@@ -207,7 +210,7 @@ TEST(Env, KnobDocsListExactlyTheKnobsTheParserReads) {
     EXPECT_NE(std::string(d.meaning), "") << d.name;
   }
   EXPECT_EQ(read, documented);
-  EXPECT_EQ(documented.size(), 16u);
+  EXPECT_EQ(documented.size(), 17u);
 }
 
 TEST(Env, UnknownDeepinferVariablesAreRejected) {

@@ -184,6 +184,9 @@ int run_bench_decode(BenchDecodeCli o) {
     }
 
     const model::DecodeWeightBytes wb = engine.model().decode_weight_bytes();
+    // Bytes read from the checkpoint per rank at load (DEEPINFER_LOAD): the largest over ranks.
+    int64_t read_max = int64_t(rc.load.read_bytes());
+    rc.group.all_reduce(&read_max, 1, DType::i64, ReduceOp::max);
     for (const int64_t B : o.batch) {
       // B sequences decode together: a short prompt each, then decode_tokens greedy steps.
       const auto reqs =
@@ -246,7 +249,10 @@ int run_bench_decode(BenchDecodeCli o) {
       d.extra = {{"tokens_per_s", tps},
                  {"roofline_tokens_per_s", double(B) * bw_gbps * 1e9 / bytes},
                  {"distinct_experts_per_moe_layer",
-                  distinct / double(std::max<int64_t>(wb.moe_layers, 1))}};
+                  distinct / double(std::max<int64_t>(wb.moe_layers, 1))},
+                 {"load_bucket", rc.load.mode == model::LoadMode::bucket ? 1.0 : 0.0},
+                 {"load_read_bytes_max_rank", double(read_max)},
+                 {"load_replicated_bytes", double(rc.load.replicated_bytes)}};
       ctx.emit(d);
     }
   });
