@@ -29,6 +29,9 @@ BOUND=$((DEEPINFER_COMM_TIMEOUT_S + 30))  # seconds from a failure to every proc
 MPI_OPTS=(--mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 2
   --mca oob_tcp_keepalive_probes 3 -x DEEPINFER_COMM_TIMEOUT_S)
 HOST1=10.78.0.11  # fh1's address: rank 0's host, where serve listens
+# MULTIHOST_CASES picks parts (default all): checks generate serve watchdog.
+read -r -a CASES <<<"${MULTIHOST_CASES:-checks generate serve watchdog}"
+want() { [[ " ${CASES[*]} " == *" $1 "* ]]; }
 failed=0
 
 report() {  # NAME OK DETAIL
@@ -52,11 +55,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-launch_pids=()
-cleanup() {
-  local p
-  for p in "${launch_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+cleanup() {  # the launches still running (mpirun itself: it lives outside the hosts), then the hosts
+  local f
+  for f in "$LOGS"/*.pid; do
+    [[ -f $f && ! -s ${f%.pid}.end ]] && kill -KILL "$(cat "$f")" 2>/dev/null
+  done
   "$FH" down >/dev/null 2>&1
+  wait
 }
 trap cleanup EXIT
 
@@ -81,16 +86,18 @@ deepinfer_pids() {
 since() { awk -v a="$(date +%s.%N)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 
 # launch NAME ARGS...: `fake-hosts mpirun -np 4 deepinfer ARGS` in the background; its stdout and
-# stderr go to $LOGS/NAME.out/.err, its exit status and end time to $LOGS/NAME.rc/.end.
+# stderr go to $LOGS/NAME.out/.err, mpirun's pid to NAME.pid, its exit status and end time to
+# NAME.rc and NAME.end.
 launch() {
   local name=$1
   shift
   (
-    "$FH" mpirun "${MPI_OPTS[@]}" -np 4 "$DEEPINFER" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err" </dev/null
+    "$FH" mpirun "${MPI_OPTS[@]}" -np 4 "$DEEPINFER" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err" </dev/null &
+    echo $! >"$LOGS/$name.pid"
+    wait $!
     echo $? >"$LOGS/$name.rc"
     date +%s.%N >"$LOGS/$name.end"
   ) &
-  launch_pids+=($!)
 }
 
 # fail NAME ACTION: fake-hosts ACTION fh2 (kill | partition), the moment noted in $LOGS/NAME.t0.
@@ -143,31 +150,33 @@ judge() {
   report "$what: the error names the failure" $ok "${msg:-no line matches /$re/ in $LOGS/$name.err}"
 }
 
-hosts_up
-echo "--- 2 hosts: $(tr '\n' ' ' <"/tmp/fake-hosts/hostfile")"
-placement=$("$FH" mpirun -np 4 hostname 2>&1 </dev/null | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
-[[ $placement == "fh1 x2 fh2 x2 " ]] && ok=1 || ok=0
-report "mpirun -np 4: 2 ranks on each host" $ok "$placement"
+checks() {
+  hosts_up
+  echo "--- 2 hosts: $(tr '\n' ' ' <"/tmp/fake-hosts/hostfile")"
+  placement=$("$FH" mpirun -np 4 hostname 2>&1 </dev/null | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
+  [[ $placement == "fh1 x2 fh2 x2 " ]] && ok=1 || ok=0
+  report "mpirun -np 4: 2 ranks on each host" $ok "$placement"
 
-echo "--- check collectives, check ep, check e2e at 4 ranks on 2 hosts"
-for what in collectives ep; do
-  "$FH" mpirun "${MPI_OPTS[@]}" -np 4 "$DEEPINFER" check "$what" --comm mpi \
-    >"$LOGS/check-$what.out" 2>&1 </dev/null
+  echo "--- check collectives, check ep, check e2e at 4 ranks on 2 hosts"
+  for what in collectives ep; do
+    "$FH" mpirun "${MPI_OPTS[@]}" -np 4 "$DEEPINFER" check "$what" --comm mpi \
+      >"$LOGS/check-$what.out" 2>&1 </dev/null
+    rc=$?
+    last=$(grep -E "^$what: [0-9]+ passed, [0-9]+ failed" "$LOGS/check-$what.out" | tail -1)
+    [[ $rc -eq 0 && $last =~ ,\ 0\ failed ]] && ok=1 || ok=0
+    report "check $what (mpi, 2 hosts x 2 ranks)" $ok "exit $rc: ${last:-no summary line}"
+  done
+  # Across hosts there is no shared window: the peer-memory ops are not in the conformance table.
+  grep -q "expose" "$LOGS/check-collectives.out" && ok=0 || ok=1
+  report "no peer memory across hosts" $ok "$(grep -c . "$LOGS/check-collectives.out") lines, none 'expose'"
+  base=$("$DEEPINFER" check e2e --model "$MODEL" --ep 1 2>&1 | sed -n 's/^logits hash: //p')
+  "$FH" mpirun "${MPI_OPTS[@]}" -np 4 "$DEEPINFER" check e2e --model "$MODEL" --ep 4 --comm mpi \
+    --expect-hash "${base:-none}" >"$LOGS/check-e2e.out" 2>&1 </dev/null
   rc=$?
-  last=$(grep -E "^$what: [0-9]+ passed, [0-9]+ failed" "$LOGS/check-$what.out" | tail -1)
-  [[ $rc -eq 0 && $last =~ ,\ 0\ failed ]] && ok=1 || ok=0
-  report "check $what (mpi, 2 hosts x 2 ranks)" $ok "exit $rc: ${last:-no summary line}"
-done
-# Across hosts there is no shared window: the peer-memory ops are not in the conformance table.
-grep -q "expose" "$LOGS/check-collectives.out" && ok=0 || ok=1
-report "no peer memory across hosts" $ok "$(grep -c . "$LOGS/check-collectives.out") lines, none 'expose'"
-base=$("$DEEPINFER" check e2e --model "$MODEL" --ep 1 2>&1 | sed -n 's/^logits hash: //p')
-"$FH" mpirun "${MPI_OPTS[@]}" -np 4 "$DEEPINFER" check e2e --model "$MODEL" --ep 4 --comm mpi \
-  --expect-hash "${base:-none}" >"$LOGS/check-e2e.out" 2>&1 </dev/null
-rc=$?
-got=$(sed -n 's/^logits hash: //p' "$LOGS/check-e2e.out" | head -1)
-[[ $rc -eq 0 && -n $base && $got == "$base" ]] && ok=1 || ok=0
-report "check e2e: the logits hash of one host" $ok "exit $rc: $got (one host, EP 1: ${base:-none})"
+  got=$(sed -n 's/^logits hash: //p' "$LOGS/check-e2e.out" | head -1)
+  [[ $rc -eq 0 && -n $base && $got == "$base" ]] && ok=1 || ok=0
+  report "check e2e: the logits hash of one host" $ok "exit $rc: $got (one host, EP 1: ${base:-none})"
+}
 
 # generate_case ACTION: one prompt, up to 3000 tokens (rank 0 streams them; every rank joins every
 # MoE layer); once the text flows, fh2 fails.
@@ -193,9 +202,6 @@ generate_case() {
   judge "$name" "generate, fh2 ${action}ed" \
     "ORTE has lost communication with a remote daemon|on node fh2 exited on signal|timed out"
 }
-
-generate_case kill
-generate_case partition
 
 # serve_case ACTION: serve at 4 ranks (rank 0 listens on fh1); the client opens a streaming and a
 # non-streamed request, then fails fh2.
@@ -229,8 +235,66 @@ serve_case() {
     "ORTE has lost communication with a remote daemon|on node fh2 exited on signal|timed out"
 }
 
-serve_case kill
-serve_case partition
+# The watchdog: mpirun with Open MPI's default keepalive cannot give up on a partitioned host (it
+# waits on TCP's retransmissions), but every rank must still end: those that reach mpirun are
+# killed after their MPI_Abort, those behind the cut end themselves after the abort's grace.
+watchdog_case() {
+  local name=watchdog i
+  hosts_up
+  local opts=("${MPI_OPTS[@]}")
+  MPI_OPTS=(-x DEEPINFER_COMM_TIMEOUT_S)
+  launch "$name" generate --model "$MODEL" --max-tokens 3000 --ignore-eos \
+    --prompt "The GNU General Public License is a free, copyleft license for"
+  MPI_OPTS=("${opts[@]}")
+  for i in $(seq 1 900); do
+    [[ -s $LOGS/$name.end || $(stat -c %s "$LOGS/$name.out" 2>/dev/null || echo 0) -gt 200 ]] && break
+    sleep 0.1
+  done
+  echo "--- generate: fh2 partitioned mid-run, mpirun without the keepalive options"
+  watch "$name" &
+  local watcher=$!
+  fail_host "$name" partition
+  wait "$watcher"
+  local procs_s=never launch_s=never launch_rc=none ok
+  read -r procs_s launch_s launch_rc <"$LOGS/$name.watch"
+  echo "partitioned, default keepalive: every deepinfer process gone after $procs_s s," \
+    "mpirun ended after $launch_s s" | tee -a "$LOGS/timings.txt"
+  [[ $procs_s != never ]] && awk -v t="$procs_s" -v b="$BOUND" 'BEGIN { exit !(t <= b) }' && ok=1 || ok=0
+  report "default keepalive: every deepinfer process exits <= ${BOUND} s" $ok "$procs_s s"
+  msg=$(grep -m1 -E "timed out" "$LOGS/$name.err")
+  [[ -n $msg ]] && ok=1 || ok=0
+  report "default keepalive: the ranks name the timeout" $ok "${msg:-no 'timed out' in $LOGS/$name.err}"
+  [[ $launch_s == never ]] && echo "  (mpirun still waits on fh2's daemon, as the README says; the stage ends it)"
+  kill -KILL "$(cat "$LOGS/$name.pid")" 2>/dev/null
+
+  # The abort's own watchdog, made certain: opal_abort_delay -1 makes MPI_Abort loop forever (as it
+  # may where mpirun is out of reach). Every rank times out in a hung all_to_all_v and must end
+  # itself kMpiAbortGraceSeconds (5 s) later with status 1, and mpirun then exits.
+  echo "--- the abort's watchdog: MPI_Abort never returns (--mca opal_abort_delay -1), one host"
+  local t0 rc n secs
+  t0=$(date +%s.%N)
+  DEEPINFER_COMM_TIMEOUT_S=5 timeout 120 mpirun --oversubscribe --mca opal_abort_delay -1 \
+    -x DEEPINFER_COMM_TIMEOUT_S -np 4 "$DEEPINFER" check collectives --comm mpi --fault a2av-hang \
+    >"$LOGS/abort-watchdog.out" 2>&1 </dev/null
+  rc=$?
+  secs=$(since "$t0")
+  n=$(grep -c "MPI_Abort has not ended this process after 5 s" "$LOGS/abort-watchdog.out")
+  echo "abort watchdog (MPI_Abort never returns): mpirun ended after $secs s, exit $rc" >>"$LOGS/timings.txt"
+  [[ $rc -ne 0 && $rc -ne 124 && $n -ge 1 ]] && ok=1 || ok=0
+  report "MPI_Abort never returns: the ranks end themselves" $ok \
+    "exit $rc after $secs s (124: hung), $n rank(s) say so"
+}
+
+want checks && checks
+if want generate; then
+  generate_case kill
+  generate_case partition
+fi
+if want serve; then
+  serve_case kill
+  serve_case partition
+fi
+want watchdog && watchdog_case
 
 echo "--- timings (seconds after the failure; DEEPINFER_COMM_TIMEOUT_S=$DEEPINFER_COMM_TIMEOUT_S)"
 cat "$LOGS/timings.txt" 2>/dev/null

@@ -5,7 +5,6 @@
 // cannot reach mpirun, the process ends itself after a grace period).
 #include <deepinfer/comm.h>
 #include <mpi.h>
-
 #include <unistd.h>
 
 #include <atomic>
@@ -104,10 +103,11 @@ void run_local(const LaunchOptions& opts, const std::function<void(Group&)>& fn)
 // when it could not. Where the launcher is out of reach (a network partition between this host and
 // mpirun), nothing may ever end this process: a watchdog armed first ends it with exit status 1
 // after kMpiAbortGraceSeconds, so a rank never outlives its deadline by more than that.
-[[noreturn]] void abort_mpi_job(const std::string& why) {
+[[noreturn]] void abort_mpi_job(int rank, int size, const std::string& why) {
   log_error("{}", why);
   std::fflush(nullptr);
-  std::thread([] {
+  std::thread([rank, size] {
+    set_log_rank(rank, size);
     std::this_thread::sleep_for(std::chrono::duration<double>(comm::kMpiAbortGraceSeconds));
     log_error(
         "MPI_Abort has not ended this process after {} s (mpirun is unreachable from this "
@@ -151,13 +151,13 @@ void run_mpi(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
     fn(*g);
   } catch (const std::exception& e) {
     log_error("{}", e.what());
-    abort_mpi_job("aborting the MPI job so no rank is left waiting");
+    abort_mpi_job(rank, size, "aborting the MPI job so no rank is left waiting");
   }
   if (raw->broken()) {
     // A collective timed out and its requests are still pending: finalising would hang.
-    abort_mpi_job(
-        "a collective on this rank failed earlier; aborting the MPI job so no rank is left "
-        "waiting");
+    abort_mpi_job(rank, size,
+                  "a collective on this rank failed earlier; aborting the MPI job so no rank is "
+                  "left waiting");
   }
 }
 

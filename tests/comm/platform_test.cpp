@@ -85,16 +85,16 @@ TEST(Platform, MultiProcessLaunchFromEachLauncher) {
 }
 
 TEST(Platform, LauncherKillGraceIsOpenMpisSigkillTimeout) {
-  EXPECT_FALSE(launcher_kill_grace_s(env_of({})));  // no launcher
+  EXPECT_FALSE(launcher_kill_grace_s(env_of({})));                               // no launcher
   EXPECT_FALSE(launcher_kill_grace_s(env_of({{"SLURM_STEP_NUM_TASKS", "4"}})));  // not Open MPI
   // mpirun without --mca odls_base_sigkill_timeout: Open MPI's default, 1 s.
   EXPECT_EQ(launcher_kill_grace_s(env_of({{"OMPI_COMM_WORLD_SIZE", "4"}})), 1.0);
-  EXPECT_EQ(launcher_kill_grace_s(env_of({{"OMPI_COMM_WORLD_SIZE", "4"},
-                                          {"OMPI_MCA_odls_base_sigkill_timeout", "30"}})),
+  EXPECT_EQ(launcher_kill_grace_s(env_of(
+                {{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_MCA_odls_base_sigkill_timeout", "30"}})),
             30.0);
   try {
-    launcher_kill_grace_s(env_of(
-        {{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_MCA_odls_base_sigkill_timeout", "soon"}}));
+    launcher_kill_grace_s(
+        env_of({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_MCA_odls_base_sigkill_timeout", "soon"}}));
     FAIL() << "bad value accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("OMPI_MCA_odls_base_sigkill_timeout='soon'"),

@@ -744,7 +744,7 @@ def main():
     ap.add_argument("--where", default="")
     ap.add_argument("--pid", type=int)
     ap.add_argument("--timeout", type=float, default=60)
-    ap.add_argument("--host", default=HOST)
+    ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--then")
     args = ap.parse_args()
     global MODEL_NAME, HOST

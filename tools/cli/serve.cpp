@@ -125,8 +125,8 @@ class SignalWatch {
                    "requests in flight for at most %.1f s\n",
                    grace, t);
       scheduler_->drain(t);
-      fail_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(t));
+      fail_at_ = Clock::now() +
+                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
       return;
     }
     std::fprintf(stderr, "serve: stopping: finishing the requests in flight (at most %.0f s)\n",
