@@ -11,7 +11,11 @@
 # status and a message naming the failure, within DEEPINFER_COMM_TIMEOUT_S + 30 s; the timings
 # are printed and kept in $BUILD_DIR/stage-logs/multihost/timings.txt. mpirun bounds its own
 # wait on a host it cannot reach through the oob_tcp_keepalive_* options below (README: running
-# on a cluster). The hosts are removed on exit.
+# on a cluster). Last, the watchdog of a rank whose MPI_Abort never returns: with a host cut off
+# and mpirun without those options, every rank must still end; and with MPI_Abort made to loop
+# forever (opal_abort_delay -1), the ranks end themselves. The hosts are removed on exit.
+# MULTIHOST_CASES picks parts (checks generate serve watchdog); MULTIHOST_TIMEOUT_S sets
+# DEEPINFER_COMM_TIMEOUT_S (20).
 set -uo pipefail
 : "${DEEPINFER:?run through scripts/run_all.sh, or set DEEPINFER and BUILD_DIR}"
 LOGS=$(realpath -m "${BUILD_DIR:-build}/stage-logs/multihost")
@@ -26,11 +30,10 @@ BOUND=$((DEEPINFER_COMM_TIMEOUT_S + 30))  # seconds from a failure to every proc
 # mpirun's own wait on a daemon it cannot reach: TCP keepalive on its daemons' connections
 # declares such a host lost after at most 4 + 3 x 2 = 10 s of silence, before the ranks' deadline
 # (it must be shorter: once mpirun has sent a message the partitioned daemon never acknowledges,
-# keepalive no longer applies and mpirun waits for TCP's retransmissions, ~15 minutes).
+# keepalive no longer applies and mpirun waits for TCP's retransmissions: minutes).
 MPI_OPTS=(--mca oob_tcp_keepalive_time 4 --mca oob_tcp_keepalive_intvl 2
   --mca oob_tcp_keepalive_probes 3 -x DEEPINFER_COMM_TIMEOUT_S)
 HOST1=10.78.0.11  # fh1's address: rank 0's host, where serve listens
-# MULTIHOST_CASES picks parts (default all): checks generate serve watchdog.
 read -r -a CASES <<<"${MULTIHOST_CASES:-checks generate serve watchdog}"
 want() { [[ " ${CASES[*]} " == *" $1 "* ]]; }
 failed=0
@@ -45,7 +48,7 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 1
 fi
 # iproute2 (ip netns) and util-linux (unshare), installed on first use like scripts/setup.sh does.
-PACKAGES=(iproute2 util-linux procps)
+PACKAGES=(iproute2 util-linux)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
