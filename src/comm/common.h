@@ -25,6 +25,9 @@ constexpr double kMpiSpinSeconds =
 constexpr double kMpiSpinSecondsOversubscribed = 50e-6;  // more ranks than cores on this node
 constexpr double kMpiYieldSeconds = 1.0;  // then sched_yield polls; sleep only in long stalls
 constexpr std::chrono::microseconds kMpiPollSleep{50};
+// A rank that called MPI_Abort and still lives this long after ends itself (_exit): the
+// launcher that should kill it may be behind a network partition (docs/architecture.md §3).
+constexpr double kMpiAbortGraceSeconds = 5.0;
 
 using Clock = std::chrono::steady_clock;
 

@@ -39,6 +39,15 @@ constexpr Scheme kSchemes[] = {
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
+std::optional<std::string> real_getenv(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+// Open MPI's default odls_base_sigkill_timeout: seconds between its SIGTERM and SIGKILL.
+constexpr double kOpenMpiSigkillTimeoutSeconds = 1.0;
+
 }  // namespace
 
 std::optional<Placement> launcher_placement(
@@ -60,13 +69,7 @@ std::optional<Placement> launcher_placement(
   return std::nullopt;
 }
 
-std::optional<Placement> launcher_placement() {
-  return launcher_placement([](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    if (!v) return std::nullopt;
-    return std::string(v);
-  });
-}
+std::optional<Placement> launcher_placement() { return launcher_placement(real_getenv); }
 
 std::optional<MultiProcessLaunch> multi_process_launch(
     const std::function<std::optional<std::string>(const char*)>& getenv) {
@@ -78,12 +81,18 @@ std::optional<MultiProcessLaunch> multi_process_launch(
 }
 
 std::optional<MultiProcessLaunch> multi_process_launch() {
-  return multi_process_launch([](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    if (!v) return std::nullopt;
-    return std::string(v);
-  });
+  return multi_process_launch(real_getenv);
 }
+
+std::optional<double> launcher_kill_grace_s(
+    const std::function<std::optional<std::string>(const char*)>& getenv) {
+  if (!getenv("OMPI_COMM_WORLD_SIZE")) return std::nullopt;
+  constexpr const char* kVar = "OMPI_MCA_odls_base_sigkill_timeout";
+  if (auto v = getenv(kVar)) return double(parse_int_var(kVar, *v));
+  return kOpenMpiSigkillTimeoutSeconds;
+}
+
+std::optional<double> launcher_kill_grace_s() { return launcher_kill_grace_s(real_getenv); }
 
 CommKind choose_comm(std::optional<CommKind> option, std::string_view option_name,
                      std::optional<CommKind> env_comm, CommKind fallback,

@@ -41,6 +41,15 @@ std::optional<MultiProcessLaunch> multi_process_launch(
     const std::function<std::optional<std::string>(const char*)>& getenv);
 std::optional<MultiProcessLaunch> multi_process_launch();  // from the real environment
 
+// How long the launcher waits between the SIGTERM and the SIGKILL with which it ends every rank of
+// a job (a rank or its host failed, or the launcher itself was signalled): Open MPI's
+// odls_base_sigkill_timeout, which mpirun passes to the ranks as
+// OMPI_MCA_odls_base_sigkill_timeout (Open MPI's default, 1 s, when unset). nullopt when the
+// launcher is not Open MPI. A malformed value is an Error naming the variable.
+std::optional<double> launcher_kill_grace_s(
+    const std::function<std::optional<std::string>(const char*)>& getenv);
+std::optional<double> launcher_kill_grace_s();  // from the real environment
+
 // The backend a command runs on. `option` is what the user typed (e.g. --comm, nullopt if not),
 // `env_comm` what DEEPINFER_COMM says (nullopt if unset), `fallback` the default. Under a launch
 // of more than one process, the answer is mpi: each process running its own `local` job would

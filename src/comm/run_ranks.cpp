@@ -1,11 +1,14 @@
 // run_ranks: builds each rank's Group (backend, optional fault wrapper, optional capabilities
 // override) and runs the user's function on it. `local`: one thread per rank; the most telling
 // error is rethrown after every thread has returned. `mpi`: this process is one rank; an error
-// is printed with the rank and the job is aborted so no peer is left waiting.
+// is printed with the rank and the job is aborted so no peer is left waiting (and where the abort
+// cannot reach mpirun, the process ends itself after a grace period).
 #include <deepinfer/comm.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -96,6 +99,27 @@ void run_local(const LaunchOptions& opts, const std::function<void(Group&)>& fn)
   if (pick) std::rethrow_exception(pick->error);
 }
 
+// MPI_Abort asks the launcher to end every rank of the job, this one included, and returns only
+// when it could not. Where the launcher is out of reach (a network partition between this host and
+// mpirun), nothing may ever end this process: a watchdog armed first ends it with exit status 1
+// after kMpiAbortGraceSeconds, so a rank never outlives its deadline by more than that.
+[[noreturn]] void abort_mpi_job(int rank, int size, const std::string& why) {
+  log_error("{}", why);
+  std::fflush(nullptr);
+  std::thread([rank, size] {
+    set_log_rank(rank, size);
+    std::this_thread::sleep_for(std::chrono::duration<double>(comm::kMpiAbortGraceSeconds));
+    log_error(
+        "MPI_Abort has not ended this process after {} s (mpirun is unreachable from this "
+        "host?): exiting with status 1",
+        comm::kMpiAbortGraceSeconds);
+    std::fflush(nullptr);
+    ::_exit(1);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  ::_exit(1);
+}
+
 void run_mpi(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
   if (!opts.fault.empty()) comm::check_fault_name(opts.fault);
   comm::mpi_init_once();
@@ -127,17 +151,13 @@ void run_mpi(const LaunchOptions& opts, const std::function<void(Group&)>& fn) {
     fn(*g);
   } catch (const std::exception& e) {
     log_error("{}", e.what());
-    log_error("aborting the MPI job so no rank is left waiting");
-    std::fflush(nullptr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_mpi_job(rank, size, "aborting the MPI job so no rank is left waiting");
   }
   if (raw->broken()) {
     // A collective timed out and its requests are still pending: finalising would hang.
-    log_error(
-        "a collective on this rank failed earlier; aborting the MPI job so no rank is left "
-        "waiting");
-    std::fflush(nullptr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_mpi_job(rank, size,
+                  "a collective on this rank failed earlier; aborting the MPI job so no rank is "
+                  "left waiting");
   }
 }
 

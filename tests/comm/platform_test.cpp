@@ -84,6 +84,25 @@ TEST(Platform, MultiProcessLaunchFromEachLauncher) {
   EXPECT_THROW(multi_process_launch(env_of({{"PMI_SIZE", "two"}})), Error);
 }
 
+TEST(Platform, LauncherKillGraceIsOpenMpisSigkillTimeout) {
+  EXPECT_FALSE(launcher_kill_grace_s(env_of({})));                               // no launcher
+  EXPECT_FALSE(launcher_kill_grace_s(env_of({{"SLURM_STEP_NUM_TASKS", "4"}})));  // not Open MPI
+  // mpirun without --mca odls_base_sigkill_timeout: Open MPI's default, 1 s.
+  EXPECT_EQ(launcher_kill_grace_s(env_of({{"OMPI_COMM_WORLD_SIZE", "4"}})), 1.0);
+  EXPECT_EQ(launcher_kill_grace_s(env_of(
+                {{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_MCA_odls_base_sigkill_timeout", "30"}})),
+            30.0);
+  try {
+    launcher_kill_grace_s(
+        env_of({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_MCA_odls_base_sigkill_timeout", "soon"}}));
+    FAIL() << "bad value accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_MCA_odls_base_sigkill_timeout='soon'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Platform, ChooseCommTakesMpiUnderALaunchOfSeveralProcesses) {
   const MultiProcessLaunch two{2, "OMPI_COMM_WORLD_SIZE"}, one{1, "OMPI_COMM_WORLD_SIZE"};
   // No launch (or one process): the option, else DEEPINFER_COMM, else the default.

@@ -17,6 +17,7 @@ answer from another server, or the numbers in /metrics.
   serve_client.py disconnect --port P
   serve_client.py health     --port P --timeout S [--key K]   (started before the server listens)
   serve_client.py sigterm    --port P --pid PID
+  serve_client.py failover   --host H --port P --then CMD   (CMD fails a rank's host: multihost stage)
 """
 import argparse
 import http.client
@@ -665,6 +666,69 @@ def cmd_sigterm(args):
            "finish %s, usage %s, [DONE] %s %s" % (finish, usage, s.done, s.problems[:2]))
 
 
+# ---------------------------------------------------------------- 8. a failed host (multihost)
+
+
+def cmd_failover(args):
+    """A streaming and a non-streamed request run when `--then` fails another host of the launch
+    (scripts/stages/multihost.sh): both must end with an error answer, the stream with an SSE
+    error event and no [DONE], the other with HTTP 5xx and an error body; never a cut stream or
+    a closed connection."""
+    port = args.port
+    body = greedy(PROMPTS16[3], max_tokens=3000, ignore_eos=True)
+    plain = {}
+
+    def run_plain():
+        try:
+            plain["reply"] = request(port, "POST", "/v1/completions", body, timeout=args.timeout)
+        except Exception as e:  # noqa: BLE001 (a transport error is what this check catches)
+            plain["error"] = e
+        plain["at"] = time.time()
+
+    t = threading.Thread(target=run_plain)
+    t.start()
+    s = Stream(port, body)
+    s.conn.sock.settimeout(args.timeout)
+    it = s.events()
+    chunks = [next(it, None) for _ in range(3)]
+    # Both run before the host fails: the non-streamed one is in /metrics' running count.
+    deadline = time.time() + 30
+    while metrics(port).get("deepinfer_requests_running", 0) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    running = metrics(port).get("deepinfer_requests_running", 0)
+    report("failover: both requests run before the failure", running >= 2 and None not in chunks,
+           "%d running, %d chunks streamed" % (running, len([c for c in chunks if c])))
+    t0 = time.time()
+    subprocess.run(args.then, shell=True, check=True)
+    cut = ""
+    try:
+        for ev in it:
+            chunks.append(ev)
+    except Exception as e:  # noqa: BLE001 (a cut chunked stream raises here)
+        cut = repr(e)[:120]
+    stream_end = time.time() - t0
+    s.close()
+    t.join()
+    last = chunks[-1] if chunks else None
+    err = last.get("error") if isinstance(last, dict) else None
+    ok = not cut and not s.done and isinstance(err, dict) and bool(err.get("message")) and \
+        not s.problems
+    report("failover: the stream ends with an error event", ok,
+           "after %.1f s: %s" % (stream_end, short(err.get("message"), 140)) if ok else
+           "cut %s, [DONE] %s, last event %s %s" % (cut or "no", s.done, short(last, 120),
+                                                    s.problems[:2]))
+    r = plain.get("reply")
+    if r is None:
+        report("failover: the non-streamed request gets HTTP 5xx", False,
+               "no answer: %r" % plain.get("error"))
+        return
+    why = "" if r.status >= 500 else "HTTP %d" % r.status
+    why = why or error_shape(r)
+    report("failover: the non-streamed request gets HTTP 5xx", not why,
+           why or "HTTP %d after %.1f s: %s" % (r.status, plain["at"] - t0,
+                                                short(r.json()["error"]["message"], 120)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("what")
@@ -680,8 +744,11 @@ def main():
     ap.add_argument("--where", default="")
     ap.add_argument("--pid", type=int)
     ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--then")
     args = ap.parse_args()
-    global MODEL_NAME
+    global MODEL_NAME, HOST
+    HOST = args.host
     if args.name:
         MODEL_NAME = args.name
     if args.key:

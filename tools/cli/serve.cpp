@@ -3,12 +3,15 @@
 // mpirun) follows the scheduler's step plans. The server listens before the weights load
 // (/health says 503 until then) and prints `listening on http://HOST:PORT` on stderr when it
 // accepts requests. SIGINT/SIGTERM: stop admitting, finish what runs (at most --drain-timeout
-// seconds), exit 0. A failed rank ends every open request with an error and exits non-zero.
+// seconds), exit 0; when mpirun sends it (it is ending the job), within mpirun's grace before its
+// SIGKILL, and what is still open then ends with an error. A failed rank ends every open request
+// with an error and exits non-zero.
 #include "serve/serve.h"
 
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +19,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -46,16 +51,26 @@ struct ServeCli {
   std::string quantize;
 };
 
-// SIGINT/SIGTERM set a flag (any thread may receive them); a watcher thread reacts outside the
+// Under a launcher, how much of its SIGTERM-to-SIGKILL grace the requests in flight may use: the
+// rest is for their error answers to reach the clients before the SIGKILL.
+constexpr double kLauncherKillMarginSeconds = 1.0;  // at most half the grace
+
+// SIGINT/SIGTERM set a flag (any thread may receive them) and note whether our parent sent it:
+// under mpirun that is the launcher's daemon ending the job. A watcher thread reacts outside the
 // signal handler.
 volatile std::sig_atomic_t g_signal = 0;
-extern "C" void on_stop_signal(int sig) { g_signal = sig; }
+volatile std::sig_atomic_t g_from_parent = 0;
+extern "C" void on_stop_signal(int sig, siginfo_t* info, void*) {
+  g_from_parent = info != nullptr && info->si_pid == getppid();
+  g_signal = sig;
+}
 
 class SignalWatch {
  public:
   SignalWatch() {
     struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
+    sa.sa_sigaction = on_stop_signal;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
@@ -63,9 +78,11 @@ class SignalWatch {
       while (!done_) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         if (g_signal) {
+          const bool from_parent = g_from_parent != 0;
           g_signal = 0;
-          on_signal();
+          on_signal(from_parent);
         }
+        fail_when_due();
       }
     });
   }
@@ -73,25 +90,62 @@ class SignalWatch {
     done_ = true;
     thread_.join();
   }
-  // Set once rank 0 schedules: from then on a signal drains. Before, it ends the process.
-  std::atomic<serve::Scheduler*> scheduler{nullptr};
+  // Set once rank 0 schedules (a signal then drains; before, it ends the process), cleared before
+  // the scheduler goes away.
+  void set_scheduler(serve::Scheduler* s) {
+    std::lock_guard lk(mu_);
+    scheduler_ = s;
+  }
   double drain_timeout_s = 30;
+  // Open MPI's SIGTERM-to-SIGKILL grace (launcher_kill_grace_s), for rank 0 under mpirun.
+  std::optional<double> launcher_grace_s;
   // A rank other than 0 of a launch (mpirun forwards the signal to every rank): rank 0 drains,
   // and its last step plan ends this rank too; exiting here would cut the requests in flight.
   std::atomic<bool> follower{false};
 
  private:
-  void on_signal() {
+  void on_signal(bool from_parent) {
     if (follower) return;
-    if (serve::Scheduler* s = scheduler.load()) {
-      std::fprintf(stderr, "serve: stopping: finishing the requests in flight (at most %.0f s)\n",
-                   drain_timeout_s);
-      s->drain(drain_timeout_s);
-    } else {
+    std::lock_guard lk(mu_);
+    if (!scheduler_) {
       std::fprintf(stderr, "serve: stopped while loading\n");
       std::_Exit(0);
     }
+    if (from_parent && launcher_grace_s) {
+      // mpirun ends the job (a rank or host failed, or mpirun was signalled): SIGKILL follows
+      // after its grace. The requests in flight get most of it; whatever is still open then ends
+      // with an error answer, whether or not the step loop is stuck in a collective with a lost
+      // rank (docs/serve.md §4).
+      const double grace = *launcher_grace_s;
+      const double t =
+          std::min(drain_timeout_s, grace - std::min(kLauncherKillMarginSeconds, grace / 2));
+      std::fprintf(stderr,
+                   "serve: stopping: the launcher is ending the job (a rank or its host failed, "
+                   "or mpirun was signalled) and kills every rank in %.1f s; finishing the "
+                   "requests in flight for at most %.1f s\n",
+                   grace, t);
+      scheduler_->drain(t);
+      fail_at_ = Clock::now() +
+                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
+      return;
+    }
+    std::fprintf(stderr, "serve: stopping: finishing the requests in flight (at most %.0f s)\n",
+                 drain_timeout_s);
+    scheduler_->drain(drain_timeout_s);
   }
+  void fail_when_due() {
+    std::lock_guard lk(mu_);
+    if (!fail_at_ || Clock::now() < *fail_at_) return;
+    fail_at_.reset();
+    if (scheduler_)
+      scheduler_->fail_all(
+          "the server stopped before the request finished: its launcher is ending the job (a "
+          "rank or its host failed, or mpirun was signalled)");
+  }
+  using Clock = std::chrono::steady_clock;
+  std::mutex mu_;
+  serve::Scheduler* scheduler_ = nullptr;
+  std::optional<Clock::time_point> fail_at_;
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
@@ -126,14 +180,15 @@ int run_serve(const ServeCli& o) {
   signals.drain_timeout_s = o.drain_timeout_s;
   signals.follower =
       so.launch.comm == CommKind::mpi && launcher_placement() && launcher_placement()->rank != 0;
+  if (so.launch.comm == CommKind::mpi) signals.launcher_grace_s = launcher_kill_grace_s();
   serve::serve(
       so,
       [&](int port, serve::Scheduler& scheduler) {
-        signals.scheduler = &scheduler;
+        signals.set_scheduler(&scheduler);
         std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), port);
         std::fflush(stderr);
       },
-      [&] { signals.scheduler = nullptr; });
+      [&] { signals.set_scheduler(nullptr); });
   if (!launcher_placement() || launcher_placement()->rank == 0)
     std::fprintf(stderr, "serve: stopped\n");
   return 0;
