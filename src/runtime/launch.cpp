@@ -64,6 +64,7 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
     ld.ep_size = group.size();
     ld.gemm = opts.gemm;
     ld.quantize_fp8 = opts.quantize_fp8;
+    ld.mtp = opts.mtp;
     ld.decode_layout = knobs().decode_layout && kernels::backend_from_knobs() == KernelBackend::cpu;
     ld.progress = opts.progress && group.rank() == 0 && isatty(STDERR_FILENO);
     RankContext ctx{group, model::load_weights(checkpoint, cfg, ld)};

@@ -42,6 +42,7 @@ struct BenchDecodeCli {
   int64_t prompt_tokens = 128;
   int64_t decode_tokens = 32;
   int reps = 3;
+  SpeculativeOptions speculative;
 };
 
 // Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
@@ -74,7 +75,11 @@ int run_bench_decode(BenchDecodeCli o) {
   if (o.model == "synthetic") {
     dir = o.synthetic_dir;
     name = "synthetic-v3";
-    write_synthetic_model(dir);
+    if (o.speculative.on()) {  // the same model plus an MTP module, in its own folder
+      dir += "-mtp";
+      name += "-mtp";
+    }
+    write_synthetic_model(dir, o.speculative.on());
     if (o.quantize.empty()) o.quantize = "fp8";
   }
   ThreadPool pool(o.threads);
@@ -88,6 +93,7 @@ int run_bench_decode(BenchDecodeCli o) {
   lo.model_dir = dir;
   lo.ep = o.ep;
   lo.quantize_fp8 = o.quantize == "fp8";
+  lo.mtp = o.speculative.on();
   runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
     runtime::EngineOptions eo;
     eo.model = model::ModelOptions::from_knobs();
@@ -108,17 +114,38 @@ int run_bench_decode(BenchDecodeCli o) {
       const auto s1 = engine.stats();
       if (r > 0) pre.push_back(s1.prefill_seconds - s0.prefill_seconds);  // first run warms up
     }
-    // Decode: a short prompt, then decode_tokens greedy steps (batch 1 per rank).
-    for (int r = 0; r < o.reps + 1; ++r) {
-      runtime::Request q;
-      q.prompt.assign(prompt.begin(), prompt.begin() + std::min<int64_t>(16, o.prompt_tokens));
-      q.max_new_tokens = o.decode_tokens + 1;
-      const auto s0 = engine.stats();
-      engine.generate({q});
-      const auto s1 = engine.stats();
-      if (r > 0)
-        dec.push_back((s1.decode_seconds - s0.decode_seconds) /
-                      double(s1.decode_tokens - s0.decode_tokens));
+    // Decode: a short prompt, then decode_tokens greedy tokens (batch 1 per rank); seconds per
+    // generated token, the run's tokens, and its drafted/accepted counts.
+    std::vector<int32_t> plain_tokens, spec_tokens;
+    runtime::EngineStats spec_sum;
+    auto decode = [&](runtime::Engine& e, std::vector<double>& per_token,
+                      std::vector<int32_t>& tokens, runtime::EngineStats* sum) {
+      for (int r = 0; r < o.reps + 1; ++r) {
+        runtime::Request q;
+        q.prompt.assign(prompt.begin(), prompt.begin() + std::min<int64_t>(16, o.prompt_tokens));
+        q.max_new_tokens = o.decode_tokens + 1;
+        const auto s0 = e.stats();
+        tokens = e.generate({q})[0].tokens;
+        const auto s1 = e.stats();
+        if (r == 0) continue;  // warm-up
+        per_token.push_back((s1.decode_seconds - s0.decode_seconds) /
+                            double(s1.decode_emitted - s0.decode_emitted));
+        if (sum) {
+          sum->decode_tokens += s1.decode_tokens - s0.decode_tokens;
+          sum->decode_emitted += s1.decode_emitted - s0.decode_emitted;
+          sum->drafted += s1.drafted - s0.drafted;
+          sum->accepted += s1.accepted - s0.accepted;
+          sum->steps += s1.steps - s0.steps;
+        }
+      }
+    };
+    decode(engine, dec, plain_tokens, nullptr);
+    std::vector<double> spec;
+    if (o.speculative.on()) {
+      runtime::EngineOptions so = eo;
+      so.draft_tokens = o.speculative.draft_tokens;
+      runtime::Engine spec_engine(rc.weights, rc.group, so);
+      decode(spec_engine, spec, spec_tokens, &spec_sum);
     }
     if (rc.group.rank() != 0) return;
     std::sort(pre.begin(), pre.end());
@@ -153,6 +180,30 @@ int run_bench_decode(BenchDecodeCli o) {
     d.ratio = bytes / dec_s / 1e9 / bw_gbps;
     d.extra = {{"tokens_per_s", 1.0 / dec_s}, {"roofline_tokens_per_s", bw_gbps * 1e9 / bytes}};
     ctx.emit(d);
+    if (o.speculative.on()) {
+      // Speculative decode against plain decode of the same run (the limit it must beat).
+      std::sort(spec.begin(), spec.end());
+      const double spec_s = spec[spec.size() / 2];
+      const int64_t k = o.speculative.draft_tokens;
+      kernels::testing::BenchRecord x;
+      x.bench = "decode";
+      x.case_name = fmt::format("{} decode batch 1 speculative mtp k={}", tag, k);
+      x.seconds = spec_s;
+      x.limit = "plain_decode_tokens_per_s";
+      x.limit_value = 1.0 / dec_s;
+      x.ratio = dec_s / spec_s;                                                  // the speedup
+      const double steps = double(spec_sum.decode_emitted - spec_sum.accepted);  // verify steps
+      x.extra = {
+          {"tokens_per_s", 1.0 / spec_s},
+          {"speedup", dec_s / spec_s},
+          {"acceptance", double(spec_sum.accepted) / std::max(1.0, double(spec_sum.drafted))},
+          {"accepted_per_step", double(spec_sum.accepted) / std::max(1.0, steps)},
+          {"tokens_per_step", double(spec_sum.decode_emitted) / std::max(1.0, steps)},
+          {"greedy_identical", spec_tokens == plain_tokens ? 1.0 : 0.0}};
+      DI_CHECK(spec_tokens == plain_tokens,
+               "speculative decode generated other tokens than plain greedy decode");
+      ctx.emit(x);
+    }
   });
   return 0;
 }
@@ -180,6 +231,7 @@ DEEPINFER_COMMAND(
           ->check(CLI::Range(int64_t(1), int64_t(4096)));
       app.add_option("--reps", o->reps, "Timed runs; the median is reported (default 3)")
           ->check(CLI::Range(1, 100));
+      o->speculative.add_to(app);
       return [o] { return run_bench_decode(*o); };
     });
 
