@@ -1,12 +1,15 @@
 # Explicit stage (not in CI): self-checks of the PyTorch reference, then regenerates the golden
-# data of models/tiny with it and checks that it matches the committed models/tiny/golden.
+# data of models/tiny and models/tiny-mtp (main model plus MTP drafts and speculative traces) with
+# it and checks that they match the committed golden folders.
 set -euo pipefail
 bash scripts/install_reference_deps.sh
 PY=/usr/bin/python3
 export OMP_NUM_THREADS=1
-timeout 600 $PY tools/reference/test_reference.py --model models/tiny
+timeout 900 $PY tools/reference/test_reference.py --model models/tiny --mtp-model models/tiny-mtp
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-timeout 1200 $PY tools/reference/write_golden.py --model models/tiny --out "$tmp" \
-  --prompts models/tiny/golden/prompts.txt
-$PY tools/reference/check_golden.py models/tiny/golden "$tmp"
+for m in tiny tiny-mtp; do
+  timeout 2400 $PY tools/reference/write_golden.py --model models/$m --out "$tmp/$m" \
+    --prompts models/$m/golden/prompts.txt
+  $PY tools/reference/check_golden.py models/$m/golden "$tmp/$m"
+done

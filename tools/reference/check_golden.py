@@ -1,7 +1,8 @@
 """Compares a regenerated golden folder with the committed one (scripts/stages/reference.sh).
 
     /usr/bin/python3 tools/reference/check_golden.py COMMITTED_DIR REGENERATED_DIR [--rtol 1e-5]
-Token ids, greedy continuations, routing decisions and tokenizer cases must be identical; logits
+Token ids, greedy continuations, routing decisions and tokenizer cases must be identical (and, for
+a model with an MTP module, its drafts, routing and speculative traces); logits (and MTP logits)
 must agree per position to ||a-b||/||b|| <= rtol (the same reference on the same inputs is
 expected bit-identical; rtol only absorbs a different BLAS's float64 summation order).
 Last line: `reference: N passed, M failed`.
@@ -23,12 +24,40 @@ def load(d):
     return g, t
 
 
-def logits(d, entry):
-    a = np.fromfile(os.path.join(d, entry["logits_file"]), dtype="<f4")
-    t, v = entry["logits_shape"]
+def logits(d, entry, key="logits"):
+    a = np.fromfile(os.path.join(d, entry[key + "_file"]), dtype="<f4")
+    t, v = entry[key + "_shape"]
     if a.size != t * v:
-        raise ValueError(f"{d}/{entry['logits_file']}: {a.size} floats, expected {t}x{v}")
+        raise ValueError(f"{d}/{entry[key + '_file']}: {a.size} floats, expected {t}x{v}")
     return a.reshape(t, v)
+
+
+def compare_logits(report, name, da, a, db, b, key, rtol):
+    la, lb = logits(da, a, key), logits(db, b, key)
+    if la.shape != lb.shape:
+        report(name, False, f"shape {la.shape} vs {lb.shape}")
+        return
+    rel = np.linalg.norm(la - lb, axis=1) / np.maximum(np.linalg.norm(la, axis=1), 1e-30)
+    bitwise = int((la.view(np.uint32) == lb.view(np.uint32)).sum())
+    report(name, bool(rel.max() <= rtol) and not np.isnan(lb).any(),
+           f"max rel {rel.max():.2e} over {la.shape[0]} positions, {bitwise}/{la.size} bit-identical")
+
+
+def compare_mtp(report, name, da, a, db, b, rtol):
+    """The MTP fields of one prompt: drafts, routing and speculative traces identical, logits close."""
+    if "mtp_logits_file" not in b:
+        report(f"{name} mtp", False, "the regenerated golden has no MTP fields")
+        return
+    report(f"{name} mtp drafts", a["mtp_draft_top1"] == b.get("mtp_draft_top1"),
+           f"{len(a['mtp_draft_top1'])} positions, min margin {a['mtp_min_margin']:.4f}")
+    report(f"{name} mtp routing", a["mtp_routing"]["experts"] == b.get("mtp_routing", {}).get("experts"),
+           f"min router margin {a['mtp_min_router_margin']:.4f}")
+    compare_logits(report, f"{name} mtp logits", da, a, db, b, "mtp_logits", rtol)
+    for k, sa in a["speculative"].items():
+        sb = b.get("speculative", {}).get(k, {})
+        same = [(s["drafts"], s["accepted"], s["emitted"]) for s in sa["steps"]] == \
+               [(s["drafts"], s["accepted"], s["emitted"]) for s in sb.get("steps", [])]
+        report(f"{name} speculative k={k}", same, f"{sa['accepted']}/{int(k) * sa['num_steps']} drafts accepted")
 
 
 def main():
@@ -52,14 +81,9 @@ def main():
         report(f"{name} ids + greedy", same, f"{len(a['ids'])} ids, {len(a['generated_ids'])} generated")
         route_same = all(a["routing"][k]["experts"] == b["routing"].get(k, {}).get("experts") for k in a["routing"])
         report(f"{name} routing", route_same, f"layers {sorted(a['routing'])}, min router margin {a['min_router_margin']:.4f}")
-        la, lb = logits(args.committed, a), logits(args.regenerated, b)
-        if la.shape != lb.shape:
-            report(f"{name} logits", False, f"shape {la.shape} vs {lb.shape}")
-            continue
-        rel = np.linalg.norm(la - lb, axis=1) / np.maximum(np.linalg.norm(la, axis=1), 1e-30)
-        bitwise = int((la.view(np.uint32) == lb.view(np.uint32)).sum())
-        report(f"{name} logits", bool(rel.max() <= args.rtol) and not np.isnan(lb).any(),
-               f"max rel {rel.max():.2e} over {la.shape[0]} positions, {bitwise}/{la.size} bit-identical")
+        compare_logits(report, f"{name} logits", args.committed, a, args.regenerated, b, "logits", args.rtol)
+        if "mtp_draft_top1" in a:
+            compare_mtp(report, name, args.committed, a, args.regenerated, b, args.rtol)
     tok_same = [x["ids"] == y["ids"] and x["text"] == y["text"] for x, y in zip(ta, tb)]
     report("tokenizer cases", len(ta) == len(tb) and all(tok_same), f"{sum(tok_same)}/{len(ta)} identical")
     print(f"reference: {passed} passed, {failed} failed")

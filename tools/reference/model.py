@@ -58,6 +58,7 @@ class Config:
         self.rope_scaling = raw.get("rope_scaling")
         self.hidden_act = raw.get("hidden_act", "silu")
         self.tie_word_embeddings = bool(raw.get("tie_word_embeddings", False))
+        self.num_nextn_predict_layers = int(raw.get("num_nextn_predict_layers") or 0)
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         if self.topk_method != "noaux_tc" or self.scoring_func != "sigmoid":
             raise ConfigError(f"config.json: this reference runs topk_method noaux_tc with sigmoid scoring "
@@ -326,28 +327,72 @@ class Model:
             routed = bf16(routed + self.mlp(p + "shared_experts.", x))
         return routed, {"experts": idx, "weights": w, "margin": margin}
 
-    def forward(self, ids):
-        """ids: list of token ids (a sequence from position 0) -> (logits [T, V] fp32, trace)."""
+    def layer(self, i, h, positions, trace):
+        """Decoder block i (attention + dense MLP or MoE) on the residual stream h [T, D] bf16, causal
+        over positions 0..T-1 of this call. Records layer i's routing in trace if it is MoE."""
+        c = self.cfg
+        lp = f"model.layers.{i}."
+        x = rms_norm(h, self.vec(lp + "input_layernorm.weight"), c.rms_norm_eps)
+        h = bf16(h + self.attention(i, x, positions))
+        x = rms_norm(h, self.vec(lp + "post_attention_layernorm.weight"), c.rms_norm_eps)
+        if c.is_moe_layer(i):
+            f, trace[i] = self.moe(i, x)
+        else:
+            f = self.mlp(lp + "mlp.", x)
+        return bf16(h + f)
+
+    def head(self, h, norm, head):
+        """Logits [T, V] fp32 = exact dot of RMSNorm_norm(h) (bf16) and the BF16 head weight."""
+        h = rms_norm(h, self.vec(norm), self.cfg.rms_norm_eps)
+        return dot_f32(h, self.vec(head))  # fp32, never rounded to bf16
+
+    def _lm_head_name(self):
+        return "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
+
+    def hidden(self, ids):
+        """ids: a sequence from position 0 -> (h [T, D] bf16: the last layer's output BEFORE the final
+        norm, the h_t the MTP module takes; routing trace per MoE layer)."""
         c = self.cfg
         ids_t = torch.tensor(ids, dtype=torch.long)
         positions = torch.arange(len(ids), dtype=torch.long)
         h = bf16(self.vec("model.embed_tokens.weight")[ids_t])  # [T, D]
         trace = {}
         for i in range(c.num_hidden_layers):
-            lp = f"model.layers.{i}."
-            x = rms_norm(h, self.vec(lp + "input_layernorm.weight"), c.rms_norm_eps)
-            h = bf16(h + self.attention(i, x, positions))
-            x = rms_norm(h, self.vec(lp + "post_attention_layernorm.weight"), c.rms_norm_eps)
-            if c.is_moe_layer(i):
-                f, trace[i] = self.moe(i, x)
-            else:
-                f = self.mlp(lp + "mlp.", x)
-            h = bf16(h + f)
-        h = rms_norm(h, self.vec("model.norm.weight"), c.rms_norm_eps)
-        head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        logits = dot_f32(h, self.vec(head))  # fp32, never rounded to bf16
-        return logits, trace
+            h = self.layer(i, h, positions, trace)
+        return h, trace
 
+    def forward(self, ids, return_hidden=False):
+        """ids: list of token ids (a sequence from position 0) -> (logits [T, V] fp32, trace), plus the
+        pre-norm hidden states [T, D] when return_hidden."""
+        h, trace = self.hidden(ids)
+        logits = self.head(h, "model.norm.weight", self._lm_head_name())
+        return (logits, trace, h) if return_hidden else (logits, trace)
+
+    # -- multi-token prediction (NUMERICS.md "MTP module") --
+    def mtp(self, h_prev, next_ids, module=0):
+        """MTP module `module` (checkpoint layer num_hidden_layers + module) over the MTP positions
+        0..N-1 of one call. MTP position t takes h_prev[t] (the main model's pre-norm hidden state at
+        position t, or a chain step's block output) and next_ids[t] (token t+1), has RoPE position t
+        and attends causally to MTP positions 0..t of this call.
+        -> (g [N, D] bf16: the block output before shared_head.norm, logits [N, V] fp32: the
+        prediction of token t+2, routing trace of the block or None)."""
+        c = self.cfg
+        if not 0 <= module < c.num_nextn_predict_layers:
+            raise ValueError(f"MTP module {module} does not exist: config.json has num_nextn_predict_layers "
+                             f"{c.num_nextn_predict_layers}")
+        if h_prev.shape[0] != len(next_ids):
+            raise ValueError(f"mtp: {h_prev.shape[0]} hidden states but {len(next_ids)} tokens")
+        i = c.num_hidden_layers + module
+        p = f"model.layers.{i}."
+        emb = p + "embed_tokens.weight" if p + "embed_tokens.weight" in self.t else "model.embed_tokens.weight"
+        e = bf16(self.vec(emb)[torch.tensor(next_ids, dtype=torch.long)])
+        x = torch.cat([rms_norm(e, self.vec(p + "enorm.weight"), c.rms_norm_eps),  # embedding first
+                       rms_norm(h_prev, self.vec(p + "hnorm.weight"), c.rms_norm_eps)], dim=1)  # [N, 2D]
+        h = self.linear(p + "eh_proj", x)  # [N, D] bf16
+        trace = {}
+        g = self.layer(i, h, torch.arange(len(next_ids), dtype=torch.long), trace)
+        head = p + "shared_head.head.weight" if p + "shared_head.head.weight" in self.t else self._lm_head_name()
+        return g, self.head(g, p + "shared_head.norm.weight", head), trace.get(i)
 
 def router_margin(biased, group_scores, keep, idx, topk_group):
     """Per token, the smallest gap that decides the selection: between the k-th and (k+1)-th biased
@@ -367,11 +412,64 @@ def router_margin(biased, group_scores, keep, idx, topk_group):
     return m
 
 
-def greedy(model, ids, n_new):
+def greedy(model, ids, n_new, return_hidden=False):
     """Greedy continuation by full recompute each step: returns (new ids, logits of the final pass
-    [len(ids)+n_new-1, V], trace of the final pass)."""
+    [len(ids)+n_new-1, V], trace of the final pass), plus the final pass's pre-norm hidden states
+    when return_hidden."""
     seq = list(ids)
     for _ in range(n_new):
-        logits, trace = model.forward(seq)
+        logits, trace, h = model.forward(seq, return_hidden=True)
         seq.append(int(torch.argmax(logits[-1])))
-    return seq[len(ids):], logits, trace
+    return (seq[len(ids):], logits, trace) + ((h,) if return_hidden else ())
+
+
+def mtp_chain(model, h, next_ids, k):
+    """Drafts k tokens with MTP module 0 applied as a chain (NUMERICS.md "MTP chain").
+
+    h [N, D]: the main model's pre-norm hidden states at positions 0..N-1; next_ids [N]: tokens
+    1..N, so next_ids[-1] is the newest token (not yet run through the main model). Step j = 1..k
+    runs the module over MTP positions 0..N-2+j: the N real positions, then chain positions N-1+i
+    (i = 1..j-1) whose input is (g_i, d_i): step i's block output at its last position and its
+    draft. d_j = argmax of step j's logits at its last position (ties -> lower id).
+    Returns (drafts [k], logits [k, V] fp32: each step's last row)."""
+    if model.cfg.num_nextn_predict_layers != 1:
+        raise ValueError("mtp_chain: the chain is defined for exactly one MTP module (num_nextn_predict_layers 1)")
+    hs, toks = h, list(next_ids)
+    drafts, rows = [], []
+    for _ in range(k):
+        g, logits, _ = model.mtp(hs, toks)
+        drafts.append(int(torch.argmax(logits[-1])))
+        rows.append(logits[-1])
+        hs = torch.cat([hs, g[-1:]])
+        toks.append(drafts[-1])
+    return drafts, torch.stack(rows)
+
+
+def speculative_greedy(model, ids, n_new, k):
+    """Greedy self-speculative decoding with the MTP chain (NUMERICS.md "Speculative decoding").
+
+    The prefill's argmax is the first token. Each step then drafts k tokens with mtp_chain from the
+    hidden states of every position before the newest token, runs the main model over the sequence
+    plus the k drafts, accepts drafts while they equal the main model's argmax and emits the accepted
+    drafts plus the main model's next token (the correction, or the bonus after k accepted). Full
+    recompute each step. Returns (new ids [n_new], steps): each step {"position": the newest token's
+    position, "drafts", "draft_margins" (top-1 minus top-2 of each draft's logits), "accepted",
+    "emitted"}; the emitted tokens of the last step are cut at n_new."""
+    seq = list(ids)
+    logits, _, h = model.forward(seq, return_hidden=True)
+    seq.append(int(torch.argmax(logits[-1])))
+    steps = []
+    while len(seq) - len(ids) < n_new:
+        n = len(seq) - 1  # position of the newest token
+        drafts, rows = mtp_chain(model, h[:n], seq[1:], k)
+        top2 = torch.topk(rows, 2, dim=-1).values
+        logits, _, h = model.forward(seq + drafts, return_hidden=True)
+        main = [int(t) for t in torch.argmax(logits[n:], dim=-1)]  # k + 1 verdicts
+        a = 0
+        while a < k and drafts[a] == main[a]:
+            a += 1
+        emitted = (drafts[:a] + [main[a]])[: n_new - (len(seq) - len(ids))]
+        steps.append({"position": n, "drafts": drafts, "draft_margins": [float(m) for m in top2[:, 0] - top2[:, 1]],
+                      "accepted": a, "emitted": emitted})
+        seq += emitted
+    return seq[len(ids):], steps

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numerics as nx  # noqa: E402
 from bpe import Tokenizer  # noqa: E402
-from model import Config, Model, rope_inv_freq, softmax_scale  # noqa: E402
+from model import Config, Model, greedy, mtp_chain, rope_inv_freq, softmax_scale, speculative_greedy  # noqa: E402
 from safetensors_io import SafetensorsError, read_safetensors, write_safetensors  # noqa: E402
 
 FAILURES = []
@@ -187,9 +187,75 @@ def test_attention_forms(model_dir):
     check("MLA absorbed form == naive form (float64) within bf16 noise", rel < 5e-3, f"rel {rel:.2e}")
 
 
+def test_mtp(model_dir):
+    """The MTP forward (model.mtp, mtp_chain, speculative_greedy) against explicit applications, its
+    causality, and the training code's independent fp32 forward (naive MLA, its own chain attention)."""
+    m = Model.load(model_dir)
+    tok = Tokenizer.load(os.path.join(model_dir, "tokenizer.json"))
+    ids = tok.encode("Redistribution and use in source and binary forms, with or without modification, are", add_bos=True)
+    _, _, h = m.forward(ids, return_hidden=True)
+    n = len(ids) - 1  # drafts from the newest token ids[n]
+    drafts, rows = mtp_chain(m, h[:n], ids[1:], 2)
+    g1, l1, _ = m.mtp(h[:n], ids[1:])
+    d1 = int(torch.argmax(l1[-1]))
+    _, l2, _ = m.mtp(torch.cat([h[:n], g1[-1:]]), ids[1:] + [d1])
+    check("mtp chain k=2 == two explicit applications (bitwise)",
+          drafts == [d1, int(torch.argmax(l2[-1]))] and torch.equal(rows[0], l1[-1]) and torch.equal(rows[1], l2[-1]),
+          f"drafts {drafts}")
+
+    # causality: MTP position t sees tokens <= t+1 only (its h_t and token t+1, and positions < t)
+    t = 8
+    other = ids[: t + 2] + [(x * 7 + 3) % m.cfg.vocab_size for x in ids[t + 2:]]
+    _, _, h_o = m.forward(other, return_hidden=True)
+    _, lo, _ = m.mtp(h_o[:-1], other[1:])
+    _, la, _ = m.mtp(h[:-1], ids[1:])
+    check("mtp logits at positions <= t do not depend on tokens after t+1",
+          torch.equal(la[: t + 1], lo[: t + 1]) and not torch.equal(la[t + 1:], lo[t + 1:]))
+
+    for k in (1, 3):
+        spec, steps = speculative_greedy(m, ids[:6], 6, k)
+        want = greedy(m, ids[:6], 6)[0]
+        check(f"speculative greedy k={k} == plain greedy", spec == want,
+              f"{sum(s['accepted'] for s in steps)}/{k * len(steps)} accepted")
+
+    # the training code's forward (fp32, naive MLA, dequantized weights) from the exported checkpoint
+    import train_mtp
+    import train_tiny
+    tm = train_mtp.TinyDeepseekMTP(Config(train_mtp.MTP_CONFIG))
+    train_tiny.load_exported(tm, model_dir)
+    tm.eval()
+    mtp = tm.mtp()
+    with torch.no_grad():
+        full = torch.tensor([ids])
+        t_len = len(ids) - 1
+        cos, sin = tm.rope(t_len)
+        th = tm.main_hidden(full[:, :t_len])
+        emb = tm.embed_tokens(full[:, 1:])
+        x1, tg1 = mtp.step(emb, th, cos, sin)
+        tl1 = tm.mtp_logits(tg1)[0]
+        g_prev = torch.cat([torch.zeros_like(tg1[:, :1]), tg1[:, :-1]], 1)
+        _, tg2 = mtp.step(emb, g_prev, cos, sin, ctx=x1)
+        tl2 = tm.mtp_logits(tg2)[0]
+    g_ref, l_ref, _ = m.mtp(h[:-1], ids[1:])
+    rel = float((l_ref - tl1).norm() / tl1.norm())
+    top2 = torch.topk(tl1, 2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.5  # positions whose argmax fp8 noise cannot flip
+    agree = bool((l_ref.argmax(-1) == tl1.argmax(-1))[clear].all())
+    check("mtp forward == the training code's fp32 forward within fp8 noise", rel < 0.1 and agree,
+          f"rel {rel:.3f}, argmax agrees at all {int(clear.sum())} of {len(clear)} positions with margin > 0.5")
+    # chain position p: real positions 0..p-1, then (g_{p-1}, token p+1), as train_mtp's ctx attention
+    rels = []
+    for p in (3, 9, t_len - 1):
+        _, lc, _ = m.mtp(torch.cat([h[:p], g_ref[p - 1: p]]), ids[1: p + 2])
+        rels.append(float((lc[-1] - tl2[p]).norm() / tl2[p].norm()))
+    check("mtp chain step == the training code's chain attention within fp8 noise", max(rels) < 0.1,
+          "rel " + ", ".join(f"{r:.3f}" for r in rels))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny"))
+    ap.add_argument("--mtp-model", help="a checkpoint with an MTP module (models/tiny-mtp): MTP checks")
     args = ap.parse_args()
     torch.set_num_threads(1)
     test_fp8()
@@ -198,6 +264,8 @@ def main():
     test_tokenizer(args.model)
     if os.path.exists(os.path.join(args.model, "model.safetensors")):
         test_attention_forms(args.model)
+    if args.mtp_model:
+        test_mtp(args.mtp_model)
     print(f"test_reference: {len(FAILURES)} failed" + (f": {', '.join(FAILURES)}" if FAILURES else ""))
     sys.exit(1 if FAILURES else 0)
 

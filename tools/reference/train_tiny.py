@@ -139,23 +139,39 @@ class Attention(nn.Module):
         self.kv_b_proj = lin(c.kv_lora_rank, h * (dn + dv))
         self.o_proj = lin(h * dv, c.hidden_size)
 
-    def forward(self, x, cos, sin):
+    def _kv(self, x, cos, sin):
+        """-> k_nope [B, T, H, dn], v [B, T, H, dv], k_pe [B, T, dr] (one rope head shared by all)."""
+        c = self.c
+        b, t, _ = x.shape
+        h, dn, dv = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim
+        kv = self.kv_a_proj_with_mqa(x)
+        c_n = self.kv_a_layernorm(kv[..., : c.kv_lora_rank])
+        k_pe = rope(kv[..., c.kv_lora_rank :], cos, sin)
+        kvb = self.kv_b_proj(c_n).view(b, t, h, dn + dv)
+        return kvb[..., :dn], kvb[..., dn:], k_pe
+
+    def forward(self, x, cos, sin, ctx=None):
+        """Causal MLA over x [B, T, D]. With ctx [B, T, D] (an MTP chain step, NUMERICS.md), query t
+        attends to ctx's keys/values at positions < t and to its own (x's) at t."""
         c = self.c
         b, t, _ = x.shape
         h, dn, dr, dv = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(b, t, h, dn + dr)
         q_nope, q_pe = q[..., :dn], rope(q[..., dn:], cos[:, None], sin[:, None])
-        kv = self.kv_a_proj_with_mqa(x)
-        c_n = self.kv_a_layernorm(kv[..., : c.kv_lora_rank])
-        k_pe = rope(kv[..., c.kv_lora_rank :], cos, sin)  # [B, T, dr], shared by all heads
-        kvb = self.kv_b_proj(c_n).view(b, t, h, dn + dv)
-        k_nope, v = kvb[..., :dn], kvb[..., dn:]
-        scores = torch.einsum("bqhd,bkhd->bhqk", q_nope, k_nope) + torch.einsum("bqhd,bkd->bhqk", q_pe, k_pe)
-        scores = scores * softmax_scale(c)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
-        o = torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, h * dv)
-        return self.o_proj(o)
+        k_nope, v, k_pe = self._kv(x, cos, sin)
+        if ctx is None:
+            scores = torch.einsum("bqhd,bkhd->bhqk", q_nope, k_nope) + torch.einsum("bqhd,bkd->bhqk", q_pe, k_pe)
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            probs = (scores * softmax_scale(c)).masked_fill(mask, float("-inf")).softmax(-1)
+            o = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+        else:
+            ck_nope, cv, ck_pe = self._kv(ctx, cos, sin)
+            s_ctx = torch.einsum("bqhd,bkhd->bhqk", q_nope, ck_nope) + torch.einsum("bqhd,bkd->bhqk", q_pe, ck_pe)
+            s_ctx = s_ctx.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(0), float("-inf"))
+            s_self = ((q_nope * k_nope).sum(-1) + (q_pe * k_pe[:, :, None]).sum(-1)).permute(0, 2, 1)  # [B, H, T]
+            probs = (torch.cat([s_ctx, s_self[..., None]], -1) * softmax_scale(c)).softmax(-1)
+            o = torch.einsum("bhqk,bkhd->bqhd", probs[..., :t], cv) + probs[..., t].permute(0, 2, 1)[..., None] * v
+        return self.o_proj(o.reshape(b, t, h * dv))
 
 
 class MLP(nn.Module):
@@ -230,8 +246,9 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MoE(c) if c.is_moe_layer(i) else MLP(c.hidden_size, c.intermediate_size)
 
-    def forward(self, h, cos, sin):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+    def forward(self, h, cos, sin, ctx=None):
+        ctx = None if ctx is None else self.input_layernorm(ctx)
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -262,8 +279,8 @@ class TinyDeepseek(nn.Module):
         return [l.mlp for l in self.layers if isinstance(l.mlp, MoE)]
 
 
-def export(model, cfg_raw, out_dir):
-    """Writes config.json and model.safetensors in the official layout."""
+def export_tensors(model):
+    """The model's parameters as checkpoint tensors in the official layout: name -> (dtype, tensor)."""
     bf = torch.bfloat16
     tensors = {}
     for name, p in list(model.named_parameters()) + list(model.named_buffers()):
@@ -279,25 +296,38 @@ def export(model, cfg_raw, out_dir):
             q = quantize_weight(p)
             tensors[hf] = ("F8_E4M3", q.codes)
             tensors[hf + "_scale_inv"] = ("F32", q.scale_inv)
+    return tensors
+
+
+def write_checkpoint(tensors, cfg_raw, out_dir):
     write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg_raw, f, indent=2)
         f.write("\n")
+
+
+def export(model, cfg_raw, out_dir):
+    """Writes config.json and model.safetensors in the official layout."""
+    tensors = export_tensors(model)
+    write_checkpoint(tensors, cfg_raw, out_dir)
     return tensors
 
 
-def load_exported(model, folder):
-    """Initialises the training model from an exported checkpoint (FP8 weights dequantized q*S)."""
+def load_exported(model, folder, optional=()):
+    """Initialises the training model from an exported checkpoint (FP8 weights dequantized q*S).
+    Parameters whose names start with a prefix in `optional` may be absent (they keep their init)."""
     from numerics import Fp8Weight
     from safetensors_io import read_safetensors
     t, _ = read_safetensors(os.path.join(folder, "model.safetensors"))
     state = {}
     for name in list(dict(model.named_parameters())) + [n for n, _ in model.named_buffers() if n != "inv_freq"]:
         hf = name if name == "lm_head.weight" else "model." + name
+        if hf not in t and name.startswith(tuple(optional)):
+            continue
         dtype, v = t[hf]
         state[name] = Fp8Weight(v, t[hf + "_scale_inv"][1]).dequant_fp32() if dtype == "F8_E4M3" else v.float()
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if m != "inv_freq"]:
+    if unexpected or [m for m in missing if m != "inv_freq" and not m.startswith(tuple(optional))]:
         sys.exit(f"train_tiny: --init-from {folder}: missing {missing}, unexpected {unexpected}")
 
 

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bpe import Tokenizer  # noqa: E402
-from model import Model, greedy  # noqa: E402
+from model import Model, greedy, speculative_greedy  # noqa: E402
 
 MAX_NEW_TOKENS = 16
 
@@ -50,9 +50,14 @@ def top2_margin(logits):
     return v[:, 0] - v[:, 1]
 
 
-def write_prompt_golden(model, tok, index, text, out_dir, max_new):
+def routing_json(tr):
+    return {"experts": tr["experts"].tolist(), "weights": [[float(w) for w in row] for row in tr["weights"]],
+            "margins": [float(m) for m in tr["margin"]]}
+
+
+def write_prompt_golden(model, tok, index, text, out_dir, max_new, draft_tokens=()):
     ids = tok.encode(text, add_bos=True)
-    new_ids, logits, trace = greedy(model, ids, max_new)
+    new_ids, logits, trace, h = greedy(model, ids, max_new, return_hidden=True)
     t_len, vocab = logits.shape
     fn = f"logits_{index}.f32"
     logits.contiguous().numpy().astype("<f4").tofile(os.path.join(out_dir, fn))
@@ -60,13 +65,9 @@ def write_prompt_golden(model, tok, index, text, out_dir, max_new):
     routing = {}
     router_margins = []
     for layer, tr in sorted(trace.items()):
-        routing[str(layer)] = {
-            "experts": tr["experts"].tolist(),
-            "weights": [[float(w) for w in row] for row in tr["weights"]],
-            "margins": [float(m) for m in tr["margin"]],
-        }
+        routing[str(layer)] = routing_json(tr)
         router_margins.append(float(tr["margin"].min()))
-    return {
+    entry = {
         "index": index,
         "text": text,
         "ids": ids,
@@ -81,6 +82,61 @@ def write_prompt_golden(model, tok, index, text, out_dir, max_new):
         "routing": routing,
         "min_router_margin": min(router_margins) if router_margins else None,
     }
+    if draft_tokens:
+        entry.update(mtp_golden(model, index, ids, new_ids, h, out_dir, max_new, draft_tokens))
+    return entry
+
+
+def mtp_golden(model, index, ids, new_ids, h, out_dir, max_new, draft_tokens):
+    """The MTP fields of one prompt (models/tiny-mtp/golden/README.md)."""
+    seq = ids + new_ids  # the golden sequence is seq[:-1]; T = len(seq) - 1 positions
+    t_len = len(seq) - 1
+    _, mlogits, mtrace = model.mtp(h[:-1], seq[1:t_len])  # MTP position t: h_t and token t+1 -> token t+2
+    fn = f"mtp_logits_{index}.f32"
+    mlogits.contiguous().numpy().astype("<f4").tofile(os.path.join(out_dir, fn))
+    margins = top2_margin(mlogits)
+    top1 = [int(i) for i in torch.argmax(mlogits, dim=-1)]
+    # teacher-forced drafts over the continuation: MTP positions t >= len(ids) - 1, whose token t+1
+    # is generated (the one a decode step drafts from) and whose target t+2 is too
+    tf = [top1[t] == seq[t + 2] for t in range(len(ids) - 1, t_len - 1)]
+    out = {
+        "mtp_logits_file": fn,
+        "mtp_logits_shape": list(mlogits.shape),
+        "mtp_draft_top1": top1,
+        "mtp_margins": [float(m) for m in margins],
+        "mtp_min_margin": float(margins.min()),
+        "mtp_routing": routing_json(mtrace),
+        "mtp_min_router_margin": float(mtrace["margin"].min()),
+        "mtp_teacher_forced": [sum(tf), len(tf)],
+        "speculative": {},
+    }
+    for k in draft_tokens:
+        emitted, steps = speculative_greedy(model, ids, max_new, k)
+        if emitted != new_ids:
+            raise RuntimeError(f"prompt {index}: speculative decoding with k={k} emitted {emitted}, plain greedy "
+                               f"{new_ids}: the reference is not greedy-identical (a logit near-tie?)")
+        accepted = sum(s["accepted"] for s in steps)
+        out["speculative"][str(k)] = {
+            "steps": steps,
+            "num_steps": len(steps),
+            "accepted": accepted,
+            "first_accepted": sum(s["accepted"] > 0 for s in steps),
+            "acceptance": accepted / (k * len(steps)),
+        }
+    return out
+
+
+def acceptance_summary(entries, draft_tokens):
+    """Over all prompts, per k: accepted drafts / (k * steps), the first draft's acceptance, and the
+    tokens emitted per step."""
+    out = {}
+    for k in draft_tokens:
+        sp = [e["speculative"][str(k)] for e in entries]
+        steps, accepted = sum(s["num_steps"] for s in sp), sum(s["accepted"] for s in sp)
+        out[str(k)] = {"steps": steps, "accepted": accepted, "acceptance": accepted / (k * steps),
+                       "first_draft_acceptance": sum(s["first_accepted"] for s in sp) / steps,
+                       "tokens_per_step": (accepted + steps) / steps}
+    return out
 
 
 def main():
@@ -90,6 +146,7 @@ def main():
     ap.add_argument("--prompts", help="prompts file, one per line (default: OUT/prompts.txt)")
     ap.add_argument("--mode", default="fp8", choices=["fp8", "bf16"])
     ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    ap.add_argument("--draft-tokens", default="1,2", help="k of the speculative traces (models with an MTP module)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
@@ -98,13 +155,19 @@ def main():
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     tok = Tokenizer.load(os.path.join(args.model, "tokenizer.json"))
     model = Model.load(args.model, mode=args.mode)
+    draft_tokens = [int(k) for k in args.draft_tokens.split(",") if k] if model.cfg.num_nextn_predict_layers else []
 
     entries = []
     for i, text in enumerate(prompts):
-        e = write_prompt_golden(model, tok, i, text, args.out, args.max_new_tokens)
+        e = write_prompt_golden(model, tok, i, text, args.out, args.max_new_tokens, draft_tokens)
         entries.append(e)
         print(f"prompt {i}: {len(e['ids'])} ids, min logit margin {e['min_margin']:.3f}, "
               f"min router margin {e['min_router_margin']:.4f}\n  {text!r} -> {e['generated_text']!r}", flush=True)
+        if draft_tokens:
+            print(f"  mtp: min margin {e['mtp_min_margin']:.3f}, min router margin {e['mtp_min_router_margin']:.4f}, "
+                  f"teacher-forced {e['mtp_teacher_forced'][0]}/{e['mtp_teacher_forced'][1]}, "
+                  + ", ".join(f"k={k}: {s['accepted']}/{int(k) * s['num_steps']} accepted in {s['num_steps']} steps"
+                              for k, s in e["speculative"].items()), flush=True)
     golden = {
         "format": "deepinfer-golden-1",
         "generator": "tools/reference/write_golden.py",
@@ -116,8 +179,15 @@ def main():
         "moe_layers": [i for i in range(model.cfg.num_hidden_layers) if model.cfg.is_moe_layer(i)],
         "min_margin": min(e["min_margin"] for e in entries),
         "min_router_margin": min(e["min_router_margin"] for e in entries),
-        "prompts": entries,
     }
+    if draft_tokens:
+        golden["num_nextn_predict_layers"] = model.cfg.num_nextn_predict_layers
+        golden["mtp_draft_tokens"] = draft_tokens
+        golden["mtp_min_margin"] = min(e["mtp_min_margin"] for e in entries)
+        golden["mtp_min_router_margin"] = min(e["mtp_min_router_margin"] for e in entries)
+        golden["mtp_teacher_forced"] = [sum(e["mtp_teacher_forced"][j] for e in entries) for j in (0, 1)]
+        golden["mtp_acceptance"] = acceptance_summary(entries, draft_tokens)
+    golden["prompts"] = entries
     with open(os.path.join(args.out, "golden.json"), "w", encoding="utf-8") as f:
         json.dump(golden, f, ensure_ascii=False, indent=1)
         f.write("\n")
@@ -127,6 +197,13 @@ def main():
         f.write("\n")
     print(f"write_golden: {len(entries)} prompts, min logit margin {golden['min_margin']:.4f}, "
           f"min router margin {golden['min_router_margin']:.4f}; {len(cases)} tokenizer cases -> {args.out}")
+    if draft_tokens:
+        tf = golden["mtp_teacher_forced"]
+        print(f"write_golden: mtp min margin {golden['mtp_min_margin']:.4f}, min router margin "
+              f"{golden['mtp_min_router_margin']:.4f}, teacher-forced drafts {tf[0]}/{tf[1]}; "
+              + "; ".join(f"k={k}: acceptance {a['acceptance']:.3f} (first draft {a['first_draft_acceptance']:.3f}, "
+                          f"{a['tokens_per_step']:.2f} tokens/step over {a['steps']} steps)"
+                          for k, a in golden["mtp_acceptance"].items()))
 
 
 if __name__ == "__main__":
