@@ -1,13 +1,15 @@
-// Self-speculative decoding with the MTP module (docs/architecture.md §6.1). The model: models/tiny
-// plus an MTP module whose block is a copy of the last layer and whose eh_proj is random (so most
-// drafts are wrong: rejection and rollback on every step). Checked against plain decode of the same
-// weights (an independent path: one token per forward, no drafts, no rollback):
+// Self-speculative decoding with the MTP module (docs/architecture.md §6.1). The first model:
+// models/tiny plus an MTP module whose block is a copy of the last layer and whose eh_proj is
+// random (so most drafts are wrong: rejection and rollback on every step). Checked against plain
+// decode of the same weights (an independent path: one token per forward, no drafts, no rollback):
 //  - greedy tokens and every recorded logit bit-identical, at EP 1 and 2, k = 1 and 3, batched,
 //    with chunked prefill and a step budget that cuts the drafts, a stop token and length limits;
 //  - sampled tokens (temperature, top-k, top-p) identical for every seed;
 //  - the acceptance rule: drawing y ~ p with the token's own uniform and accepting the draft x
 //    iff y = x accepts with probability p(x) and, on rejection, emits y ~ p(y) / (1 - p(x)) (the
 //    speculative-sampling rule for a one-hot draft distribution), by a chi-square test;
+//  - the same on models/tiny-mtp, whose trained module's drafts are mostly accepted (verify steps
+//    emit several tokens), greedy against the reference's golden tokens and sampled at 3 seeds;
 //  - bad configurations are clear errors.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
@@ -92,9 +94,10 @@ Request request(int64_t i, const SamplingConfig& sc) {
 // Every rank's results of requests [0, n) (request r on rank r % ep), sorted by id.
 std::vector<RequestResult> run(int ep, int64_t draft_tokens, int64_t n, int64_t step_tokens,
                                const SamplingConfig& sc, int32_t stop = -1,
-                               EngineStats* stats = nullptr) {
+                               EngineStats* stats = nullptr,
+                               const std::string& model_dir = mtp_model()) {
   LaunchModelOptions lo;
-  lo.model_dir = mtp_model();
+  lo.model_dir = model_dir;
   lo.ep = ep;
   lo.mtp = true;
   std::vector<RequestResult> all;
@@ -131,8 +134,9 @@ void expect_same(const std::vector<RequestResult>& got, const std::vector<Reques
                           got[i].logits.size() * sizeof(float)),
               0)
         << how << ", request " << i << ": recorded logits differ";
-    if (got[i].num_positions > 0)  // the MTP logits of every recorded position
+    if (got[i].num_positions > 0) {  // the MTP logits of every recorded position
       EXPECT_EQ(got[i].mtp_logits.size(), got[i].logits.size()) << how << ", request " << i;
+    }
   }
 }
 
@@ -154,12 +158,73 @@ TEST(Speculative, GreedyIsTokenForTokenPlainDecodeBatchedAtEp1And2) {
     }
 }
 
+// models/tiny-mtp (a trained MTP module, written by tools/reference): most drafts are accepted,
+// so verify steps emit several tokens and the caches skip ahead. The golden prompts, batched:
+// tokens = the reference's greedy continuation, recorded logits bit-identical to plain decode.
+TEST(Speculative, TrainedModuleAcceptsDraftsAndKeepsTheGoldenTokens) {
+  const std::string dir = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny-mtp";
+  const auto j = nlohmann::json::parse(std::ifstream(dir + "/golden/golden.json"));
+  std::vector<Request> reqs;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : j.at("prompts")) {
+    Request q;
+    q.id = int64_t(reqs.size());
+    q.prompt = p.at("ids").get<std::vector<int32_t>>();
+    q.max_new_tokens = j.at("max_new_tokens").get<int64_t>();
+    q.record = true;
+    reqs.push_back(q);
+    want.push_back(p.at("generated_ids").get<std::vector<int32_t>>());
+  }
+  auto run_golden = [&](int ep, int64_t k, EngineStats* stats) {
+    LaunchModelOptions lo;
+    lo.model_dir = dir;
+    lo.ep = ep;
+    lo.mtp = true;
+    std::vector<RequestResult> all;
+    std::mutex mu;
+    run_model_ranks(lo, [&](RankContext& ctx) {
+      EngineOptions eo;
+      eo.draft_tokens = k;
+      Engine engine(ctx.weights, ctx.group, eo);
+      std::vector<Request> mine;
+      for (const auto& q : reqs)
+        if (int(q.id % ep) == ctx.group.rank()) mine.push_back(q);
+      auto g = gather_results(ctx.group, engine.generate(mine));
+      std::lock_guard lk(mu);
+      if (ctx.group.rank() == 0) {
+        all = std::move(g);
+        *stats = engine.stats();
+      }
+    });
+    return all;
+  };
+  EngineStats st;
+  const auto plain = run_golden(1, 0, &st);
+  ASSERT_EQ(plain.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(plain[i].tokens, want[i]) << "prompt " << i;
+  for (int ep : {1, 2})
+    for (int64_t k : {int64_t(1), int64_t(2), int64_t(3)}) {
+      const std::string how = "EP " + std::to_string(ep) + " k " + std::to_string(k);
+      expect_same(run_golden(ep, k, &st), plain, how);
+      // Rank 0's sequences: the trained module's drafts are mostly right (the reference's
+      // acceptance is 0.85 at k = 1, 0.75 at k = 2).
+      EXPECT_GT(double(st.accepted), 0.5 * double(st.drafted))
+          << how << ": " << st.accepted << " of " << st.drafted;
+    }
+}
+
 TEST(Speculative, SampledTokensAreThoseOfPlainSamplingForEverySeed) {
   for (uint64_t seed : {1u, 2u, 3u}) {
     const SamplingConfig sc{0.9f, 50, 0.95f, seed};
     const auto plain = run(1, 0, 5, 64, sc);
     expect_same(run(1, 2, 5, 64, sc), plain, "seed " + std::to_string(seed));
     expect_same(run(2, 1, 5, 64, sc), plain, "EP 2, seed " + std::to_string(seed));
+    const std::string trained = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny-mtp";
+    EngineStats st;
+    const auto plain_t = run(1, 0, 5, 64, sc, -1, nullptr, trained);
+    expect_same(run(2, 2, 5, 64, sc, -1, &st, trained), plain_t,
+                "models/tiny-mtp EP 2, seed " + std::to_string(seed));
+    EXPECT_GT(st.accepted, 0) << "models/tiny-mtp, seed " << seed;
   }
 }
 
@@ -170,11 +235,12 @@ TEST(Speculative, SampledTokensAreThoseOfPlainSamplingForEverySeed) {
 TEST(Speculative, AcceptanceRuleMatchesSpeculativeSamplingClosedForm) {
   const std::vector<float> logits = {0.3f, -1.0f, 1.2f, 0.0f, 0.7f, -0.4f};
   const int64_t V = int64_t(logits.size()), x = 2, N = 60000;
-  std::vector<double> p(size_t(V));
+  std::vector<double> p(static_cast<size_t>(V));
   double z = 0;
   for (int64_t i = 0; i < V; ++i) z += p[size_t(i)] = std::exp(double(logits[size_t(i)]));
   for (auto& v : p) v /= z;
-  std::vector<int64_t> seen(size_t(V), 0);  // seen[x]: accepted; seen[y]: rejected, emitted y
+  std::vector<int64_t> seen(static_cast<size_t>(V),
+                            0);  // seen[x]: accepted; seen[y]: rejected, emitted y
   for (int64_t s = 0; s < N; ++s) {
     float temp = 1.0f;
     int64_t seed = s, counter = 5;

@@ -27,6 +27,7 @@
 #include "runtime/engine.h"
 #include "runtime/launch.h"
 #include "synthetic_model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer::cli {
 namespace {
@@ -42,6 +43,7 @@ struct BenchDecodeCli {
   int64_t prompt_tokens = 128;
   int64_t decode_tokens = 32;
   int reps = 3;
+  std::string prompt;  // decode prompt text ("" = 16 seeded random ids)
   SpeculativeOptions speculative;
 };
 
@@ -114,15 +116,19 @@ int run_bench_decode(BenchDecodeCli o) {
       const auto s1 = engine.stats();
       if (r > 0) pre.push_back(s1.prefill_seconds - s0.prefill_seconds);  // first run warms up
     }
-    // Decode: a short prompt, then decode_tokens greedy tokens (batch 1 per rank); seconds per
-    // generated token, the run's tokens, and its drafted/accepted counts.
+    // Decode: a short prompt (--prompt's tokens, else 16 of the random ids), then decode_tokens
+    // greedy tokens (batch 1 per rank); seconds per generated token, the run's tokens, and its
+    // drafted/accepted counts.
+    std::vector<int32_t> decode_prompt(prompt.begin(),
+                                       prompt.begin() + std::min<int64_t>(16, o.prompt_tokens));
+    if (!o.prompt.empty()) decode_prompt = Tokenizer::from_dir(dir).encode(o.prompt);
     std::vector<int32_t> plain_tokens, spec_tokens;
     runtime::EngineStats spec_sum;
     auto decode = [&](runtime::Engine& e, std::vector<double>& per_token,
                       std::vector<int32_t>& tokens, runtime::EngineStats* sum) {
       for (int r = 0; r < o.reps + 1; ++r) {
         runtime::Request q;
-        q.prompt.assign(prompt.begin(), prompt.begin() + std::min<int64_t>(16, o.prompt_tokens));
+        q.prompt = decode_prompt;
         q.max_new_tokens = o.decode_tokens + 1;
         const auto s0 = e.stats();
         tokens = e.generate({q})[0].tokens;
@@ -231,6 +237,9 @@ DEEPINFER_COMMAND(
           ->check(CLI::Range(int64_t(1), int64_t(4096)));
       app.add_option("--reps", o->reps, "Timed runs; the median is reported (default 3)")
           ->check(CLI::Range(1, 100));
+      app.add_option("--prompt", o->prompt,
+                     "Decode prompt text, tokenized with the model's tokenizer (default: 16 random "
+                     "token ids)");
       o->speculative.add_to(app);
       return [o] { return run_bench_decode(*o); };
     });

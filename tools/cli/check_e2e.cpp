@@ -127,8 +127,9 @@ std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, in
             "--speculative mtp: {} has no MTP golden (mtp_logits_file); give a model folder whose "
             "golden tools/reference/write_golden.py wrote with its MTP module (models/tiny-mtp)",
             path);
+      // T - 1 rows: position t reads token t + 1 of the golden sequence.
       g.mtp_logits = read_f32(dir + "/golden/" + p.at("mtp_logits_file").get<std::string>(),
-                              g.positions * vocab);
+                              (g.positions - 1) * vocab);
       g.mtp_top1 = p.at("mtp_draft_top1").get<std::vector<int32_t>>();
       g.mtp_margins = p.at("mtp_margins").get<std::vector<float>>();
       const std::string k = std::to_string(draft_tokens);
@@ -317,15 +318,18 @@ int run_check_e2e(const CheckE2eCli& o) {
       if (k > 0) {
         // The MTP module at every position: logits within the tolerance, argmax = the golden's
         // draft where its margin is clear.
+        // The engine runs the module at every position (the last one too, reading the last
+        // generated token); the golden's T - 1 rows stop before it.
+        const int64_t mp = g.positions - 1;
         if (int64_t(r.mtp_logits.size()) != g.positions * vocab) {
-          problems.push_back(fmt::format("{} MTP logits rows, golden {}",
+          problems.push_back(fmt::format("{} MTP logits rows, expected {}",
                                          int64_t(r.mtp_logits.size()) / vocab, g.positions));
         } else {
-          const LogitsCompare mc = compare_logits(r.mtp_logits.data(), g.mtp_logits.data(),
-                                                  g.positions, vocab, g.mtp_margins, o);
+          const LogitsCompare mc =
+              compare_logits(r.mtp_logits.data(), g.mtp_logits.data(), mp, vocab, g.mtp_margins, o);
           worst_mtp_rel = std::max(worst_mtp_rel, mc.max_rel);
           mc.report("MTP logits", problems, o);
-          for (int64_t t = 0; t < g.positions; ++t) {
+          for (int64_t t = 0; t < mp; ++t) {
             if (g.mtp_margins[size_t(t)] <= o.margin_tol) continue;
             const float* a = r.mtp_logits.data() + t * vocab;
             ++drafts_checked;
