@@ -6,6 +6,9 @@ and runs whole sequences from position 0 (prefill; greedy decoding recomputes th
 
     model = Model.load("models/tiny")
     logits, trace = model.forward([0, 17, 42])   # logits [T, V] fp32; trace: routing per MoE layer
+
+A checkpoint with an MTP module (num_nextn_predict_layers 1) also drafts: Model.mtp (one module
+over a sequence), mtp_chain (k drafts) and speculative_greedy (greedy self-speculative decoding).
 """
 
 import json
@@ -393,6 +396,7 @@ class Model:
         g = self.layer(i, h, torch.arange(len(next_ids), dtype=torch.long), trace)
         head = p + "shared_head.head.weight" if p + "shared_head.head.weight" in self.t else self._lm_head_name()
         return g, self.head(g, p + "shared_head.norm.weight", head), trace.get(i)
+
 
 def router_margin(biased, group_scores, keep, idx, topk_group):
     """Per token, the smallest gap that decides the selection: between the k-th and (k+1)-th biased

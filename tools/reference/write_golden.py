@@ -4,6 +4,9 @@ For each line of prompts.txt: token ids ([BOS] + the reference encoder's ids), t
 continuation (full recompute each step, reference forward in "fp8" mode), fp32 logits at every
 position of the final pass, per-position top-1/top-2 margins, routing decisions per MoE layer and
 the smallest router margin. Also tokenizer_cases.json: the reference encoder's ids for mixed text.
+For a checkpoint with an MTP module, also the MTP logits, drafts and routing over each golden
+sequence and greedy speculative-decoding traces for each k of --draft-tokens (format:
+models/tiny-mtp/golden/README.md).
 
     /usr/bin/python3 tools/reference/write_golden.py --model models/tiny --out models/tiny/golden
 """
