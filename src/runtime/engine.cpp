@@ -264,7 +264,11 @@ struct Engine::Impl {
       mchunks.push_back(mc);
       mowner.push_back(owner[ci]);
     }
-    if (spec) draft(out, mchunks, mowner, mrows);
+    if (spec) {
+      const double td = now_s();
+      draft(out, mchunks, mowner, mrows);
+      stats.draft_seconds += now_s() - td;
+    }
     const double dt = now_s() - t0;
     (any_prefill ? stats.prefill_seconds : stats.decode_seconds) += dt;
 

@@ -79,6 +79,7 @@ struct EngineStats {
   int64_t decode_emitted = 0;  // tokens the decode steps generated (> steps with speculation)
   int64_t drafted = 0;         // speculation: MTP drafts verified
   int64_t accepted = 0;        // speculation: drafts the main model agreed with
+  double draft_seconds = 0;    // speculation: the MTP forwards (in the steps' seconds above)
 };
 
 // What one step did for one of this rank's sequences: a generated token, and the whole result

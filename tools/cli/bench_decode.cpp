@@ -142,6 +142,8 @@ int run_bench_decode(BenchDecodeCli o) {
           sum->drafted += s1.drafted - s0.drafted;
           sum->accepted += s1.accepted - s0.accepted;
           sum->steps += s1.steps - s0.steps;
+          sum->decode_seconds += s1.decode_seconds - s0.decode_seconds;
+          sum->draft_seconds += s1.draft_seconds - s0.draft_seconds;
         }
       }
     };
@@ -205,6 +207,8 @@ int run_bench_decode(BenchDecodeCli o) {
           {"acceptance", double(spec_sum.accepted) / std::max(1.0, double(spec_sum.drafted))},
           {"accepted_per_step", double(spec_sum.accepted) / std::max(1.0, steps)},
           {"tokens_per_step", double(spec_sum.decode_emitted) / std::max(1.0, steps)},
+          {"draft_share", spec_sum.draft_seconds / std::max(1e-30, spec_sum.decode_seconds)},
+          {"step_over_plain_token", spec_sum.decode_seconds / std::max(1.0, steps) / dec_s},
           {"greedy_identical", spec_tokens == plain_tokens ? 1.0 : 0.0}};
       DI_CHECK(spec_tokens == plain_tokens,
                "speculative decode generated other tokens than plain greedy decode");

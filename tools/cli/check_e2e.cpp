@@ -48,6 +48,7 @@ struct CheckE2eCli {
   double tol = 5e-3;         // per-position relative L2 error of the logits
   double margin_tol = 0.05;  // logit units: argmax must agree where the golden margin exceeds it
   double router_tol = 1e-3;  // router decisions must agree where the golden margin exceeds it
+  double mtp_tol = -1;       // per-position relative L2 error of the MTP logits (< 0: --tol)
   std::string expect_hash;
   bool verbose = false;
   SpeculativeOptions speculative;
@@ -169,10 +170,14 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 struct LogitsCompare {
   double max_rel = 0;
   int64_t worst_pos = 0, argmax_bad = 0, argmax_checked = 0;
-  void report(const char* what, std::vector<std::string>& problems, const CheckE2eCli& o) const {
-    if (!(max_rel <= o.tol))
-      problems.push_back(fmt::format("{} rel err {:.3e} at position {} > tol {:.1e}", what, max_rel,
-                                     worst_pos, o.tol));
+  std::vector<double> rel;  // per position
+  int64_t over(double tol) const {
+    return std::count_if(rel.begin(), rel.end(), [&](double r) { return !(r <= tol); });
+  }
+  void report(const char* what, double tol, std::vector<std::string>& problems) const {
+    if (!(max_rel <= tol))
+      problems.push_back(fmt::format("{} rel err {:.3e} at position {} > tol {:.1e} ({} of {})",
+                                     what, max_rel, worst_pos, tol, over(tol), rel.size()));
     if (argmax_bad)
       problems.push_back(fmt::format("{} argmax differs at {}/{} confident positions", what,
                                      argmax_bad, argmax_checked));
@@ -197,6 +202,7 @@ LogitsCompare compare_logits(const float* mine, const float* gold, int64_t posit
     }
     const double rel =
         nan ? std::numeric_limits<double>::infinity() : std::sqrt(num / std::max(den, 1e-30));
+    c.rel.push_back(rel);
     if (!(rel <= c.max_rel)) {
       c.max_rel = rel;
       c.worst_pos = t;
@@ -294,7 +300,8 @@ int run_check_e2e(const CheckE2eCli& o) {
   uint64_t hash = 14695981039346656037ull;
   float min_router_margin = std::numeric_limits<float>::infinity();
   double worst_rel = 0, worst_mtp_rel = 0;
-  int64_t drafts_checked = 0, drafts_bad = 0, drafted = 0, accepted = 0;
+  int64_t drafts_checked = 0, drafts_bad = 0, drafted = 0, accepted = 0, mtp_over = 0, mtp_rows = 0;
+  const double mtp_tol = o.mtp_tol < 0 ? o.tol : o.mtp_tol;
   DI_CHECK(results.size() == golden.size(), "got {} results for {} prompts", results.size(),
            golden.size());
   for (size_t i = 0; i < golden.size(); ++i) {
@@ -309,7 +316,7 @@ int run_check_e2e(const CheckE2eCli& o) {
       const LogitsCompare lc =
           compare_logits(r.logits.data(), g.logits.data(), g.positions, vocab, g.margins, o);
       worst_rel = std::max(worst_rel, lc.max_rel);
-      lc.report("logits", problems, o);
+      lc.report("logits", o.tol, problems);
       if (o.verbose)
         std::printf("  prompt %zu: max rel err %.3e (position %lld), argmax %lld/%lld\n", i,
                     lc.max_rel, static_cast<long long>(lc.worst_pos),
@@ -328,7 +335,9 @@ int run_check_e2e(const CheckE2eCli& o) {
           const LogitsCompare mc =
               compare_logits(r.mtp_logits.data(), g.mtp_logits.data(), mp, vocab, g.mtp_margins, o);
           worst_mtp_rel = std::max(worst_mtp_rel, mc.max_rel);
-          mc.report("MTP logits", problems, o);
+          mc.report("MTP logits", mtp_tol, problems);
+          mtp_over += mc.over(o.tol);
+          mtp_rows += mp;
           for (int64_t t = 0; t < mp; ++t) {
             if (g.mtp_margins[size_t(t)] <= o.margin_tol) continue;
             const float* a = r.mtp_logits.data() + t * vocab;
@@ -383,9 +392,11 @@ int run_check_e2e(const CheckE2eCli& o) {
               o.tol, double(min_router_margin));
   if (k > 0) {
     std::printf(
-        "MTP: worst logits rel err %.3e; drafts = golden mtp_draft_top1 at %lld/%lld confident "
-        "positions; acceptance %.3f (%lld of %lld drafts, k = %lld)\n",
-        worst_mtp_rel, static_cast<long long>(drafts_checked - drafts_bad),
+        "MTP: worst logits rel err %.3e (tol %.1e; %lld of %lld positions above --tol %.1e); "
+        "drafts = golden mtp_draft_top1 at %lld/%lld confident positions; acceptance %.3f (%lld "
+        "of %lld drafts, k = %lld)\n",
+        worst_mtp_rel, mtp_tol, static_cast<long long>(mtp_over), static_cast<long long>(mtp_rows),
+        o.tol, static_cast<long long>(drafts_checked - drafts_bad),
         static_cast<long long>(drafts_checked),
         double(accepted) / double(std::max<int64_t>(drafted, 1)), static_cast<long long>(accepted),
         static_cast<long long>(drafted), static_cast<long long>(k));
@@ -427,6 +438,8 @@ DEEPINFER_COMMAND(
           ->check(CLI::IsMember({"exact", "fast"}));
       app.add_option("--tol", o->tol,
                      "Per-position ‖a−b‖/‖b‖ tolerance of the logits (default 5e-3)");
+      app.add_option("--mtp-tol", o->mtp_tol,
+                     "With --speculative: the MTP logits' ‖a−b‖/‖b‖ tolerance (default --tol)");
       app.add_option(
           "--margin-tol", o->margin_tol,
           "Argmax must agree where the golden top-1/top-2 margin exceeds this (default 0.05)");
