@@ -4,7 +4,11 @@
 // measured in this run) ÷ active weight bytes per token. --model synthetic writes a
 // DeepSeek-V3-architecture model with random BF16 weights (fixed seed) in HF layout into
 // --synthetic-dir and loads it with
-// --quantize fp8.
+// --quantize fp8. --speculative mtp [--draft-tokens k] adds a line for self-speculative decode
+// (docs/architecture.md §6.1): tokens/s against plain decode's of the same run (runs alternate),
+// i.e. the speedup, with the acceptance (accepted / verified drafts), tokens per verify step and
+// the share of the time in the MTP forwards; the tokens must equal plain greedy decode's. With
+// --model synthetic the model then has an MTP module (its own folder, --synthetic-dir + "-mtp").
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
 #include <fmt/format.h>
@@ -124,36 +128,38 @@ int run_bench_decode(BenchDecodeCli o) {
     if (!o.prompt.empty()) decode_prompt = Tokenizer::from_dir(dir).encode(o.prompt);
     std::vector<int32_t> plain_tokens, spec_tokens;
     runtime::EngineStats spec_sum;
-    auto decode = [&](runtime::Engine& e, std::vector<double>& per_token,
+    // One run of engine e; after the warm-up (r = 0) its seconds per token and counts are kept.
+    auto decode = [&](runtime::Engine& e, int r, std::vector<double>& per_token,
                       std::vector<int32_t>& tokens, runtime::EngineStats* sum) {
-      for (int r = 0; r < o.reps + 1; ++r) {
-        runtime::Request q;
-        q.prompt = decode_prompt;
-        q.max_new_tokens = o.decode_tokens + 1;
-        const auto s0 = e.stats();
-        tokens = e.generate({q})[0].tokens;
-        const auto s1 = e.stats();
-        if (r == 0) continue;  // warm-up
-        per_token.push_back((s1.decode_seconds - s0.decode_seconds) /
-                            double(s1.decode_emitted - s0.decode_emitted));
-        if (sum) {
-          sum->decode_tokens += s1.decode_tokens - s0.decode_tokens;
-          sum->decode_emitted += s1.decode_emitted - s0.decode_emitted;
-          sum->drafted += s1.drafted - s0.drafted;
-          sum->accepted += s1.accepted - s0.accepted;
-          sum->steps += s1.steps - s0.steps;
-          sum->decode_seconds += s1.decode_seconds - s0.decode_seconds;
-          sum->draft_seconds += s1.draft_seconds - s0.draft_seconds;
-        }
+      runtime::Request q;
+      q.prompt = decode_prompt;
+      q.max_new_tokens = o.decode_tokens + 1;
+      const auto s0 = e.stats();
+      tokens = e.generate({q})[0].tokens;
+      const auto s1 = e.stats();
+      if (r == 0) return;
+      per_token.push_back((s1.decode_seconds - s0.decode_seconds) /
+                          double(s1.decode_emitted - s0.decode_emitted));
+      if (sum) {
+        sum->decode_emitted += s1.decode_emitted - s0.decode_emitted;
+        sum->drafted += s1.drafted - s0.drafted;
+        sum->accepted += s1.accepted - s0.accepted;
+        sum->decode_seconds += s1.decode_seconds - s0.decode_seconds;
+        sum->draft_seconds += s1.draft_seconds - s0.draft_seconds;
       }
     };
-    decode(engine, dec, plain_tokens, nullptr);
-    std::vector<double> spec;
+    // With --speculative the plain and speculative runs alternate, so both see the same moments
+    // of a shared machine.
+    std::unique_ptr<runtime::Engine> spec_engine;
     if (o.speculative.on()) {
       runtime::EngineOptions so = eo;
       so.draft_tokens = o.speculative.draft_tokens;
-      runtime::Engine spec_engine(rc.weights, rc.group, so);
-      decode(spec_engine, spec, spec_tokens, &spec_sum);
+      spec_engine = std::make_unique<runtime::Engine>(rc.weights, rc.group, so);
+    }
+    std::vector<double> spec;
+    for (int r = 0; r < o.reps + 1; ++r) {
+      decode(engine, r, dec, plain_tokens, nullptr);
+      if (spec_engine) decode(*spec_engine, r, spec, spec_tokens, &spec_sum);
     }
     if (rc.group.rank() != 0) return;
     std::sort(pre.begin(), pre.end());
