@@ -139,7 +139,8 @@ fi
 # Speculative decoding (docs/architecture.md §6.1): models/tiny-mtp's main model is models/tiny's
 # byte for byte, so 16 concurrent greedy requests through its MTP module must answer as above.
 echo "--- EP 2, models/tiny-mtp --speculative mtp --draft-tokens 2"
-if start_server mtp "$DEEPINFER" serve --model models/tiny-mtp --ep 2 --port 0 --speculative mtp --draft-tokens 2; then
+if start_server mtp "$DEEPINFER" serve --model models/tiny-mtp --served-model-name tiny --ep 2 --port 0 \
+  --speculative mtp --draft-tokens 2; then
   client concurrent --port "$port" --compare "$LOGS/answers16.json" --where "EP 2 speculative" \
     --label "--speculative mtp = plain"
   kill -TERM "$pid"
