@@ -2,7 +2,8 @@
 # Python's standard library (tests/serve/serve_client.py, which prints most PASS/FAIL lines):
 # greedy answers = `deepinfer generate`; streaming; stop strings; 400/401/404/413/429; 16
 # concurrent greedy requests = each alone, at --ep 2 = --ep 1 = under mpirun; a client that
-# disconnects frees its pages (seen in /metrics); SIGTERM finishes the running stream and exits 0.
+# disconnects frees its pages (seen in /metrics); SIGTERM finishes the running stream and exits 0;
+# models/tiny-mtp with --speculative mtp answers the 16 requests as models/tiny does.
 # Every server runs on a free port and is killed on exit. Logs: $BUILD_DIR/stage-logs/serve/.
 set -uo pipefail
 : "${DEEPINFER:?run through scripts/run_all.sh, or set DEEPINFER and BUILD_DIR}"
@@ -133,6 +134,19 @@ if start_server busy "${SERVE[@]}" --ep 2 --port 0 --max-batch 1 --max-queue 1 -
   client busy --port "$port" --kv-pages 8
   kill -TERM "$pid"
   wait_exit "$pid" 30
+fi
+
+# Speculative decoding (docs/architecture.md §6.1): models/tiny-mtp's main model is models/tiny's
+# byte for byte, so 16 concurrent greedy requests through its MTP module must answer as above.
+echo "--- EP 2, models/tiny-mtp --speculative mtp --draft-tokens 2"
+if start_server mtp "$DEEPINFER" serve --model models/tiny-mtp --served-model-name tiny --ep 2 --port 0 \
+  --speculative mtp --draft-tokens 2; then
+  client concurrent --port "$port" --compare "$LOGS/answers16.json" --where "EP 2 speculative" \
+    --label "--speculative mtp = plain"
+  kill -TERM "$pid"
+  wait_exit "$pid" 30
+  [[ $rc -eq 0 ]] && ok=1 || ok=0
+  report "--speculative mtp: SIGTERM, exit 0" $ok "exit $rc"
 fi
 
 echo "--- EP 2 under mpirun"

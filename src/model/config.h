@@ -48,7 +48,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   YarnScaling rope_scaling;
   int64_t max_position_embeddings = 0;
-  int64_t num_nextn_predict_layers = 0;  // MTP layers: skipped by the engine
+  int64_t num_nextn_predict_layers = 0;  // MTP modules (layers num_hidden_layers + i)
   bool tie_word_embeddings = false;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;

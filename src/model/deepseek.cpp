@@ -518,8 +518,8 @@ struct DeepseekModel::Impl {
     residual_add(hbuf, out, hbuf, T * hid);
   }
 
-  ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace) {
-    const int64_t hid = cfg.hidden_size, V = cfg.vocab_size;
+  // Checks the chunks, reserves their cache rows; returns the number of new tokens.
+  int64_t begin_forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache) {
     int64_t T = 0;
     for (const auto& c : chunks) {
       DI_CHECK(c.num_tokens >= 0 && c.start_pos >= 0, "bad chunk: {} tokens at position {}",
@@ -529,27 +529,42 @@ struct DeepseekModel::Impl {
     DI_CHECK(T <= opts.max_tokens_per_step, "forward: {} tokens exceed max_tokens_per_step {}", T,
              opts.max_tokens_per_step);
     for (const auto& c : chunks) cache.reserve(c.cache_seq, c.start_pos + c.num_tokens);
-    bf16* hb = h.get(T * hid);  // [T, hid] residual stream
-    {
-      k::KernelTag tag("embed");
-      int64_t t = 0;
-      for (const auto& c : chunks)
-        for (int64_t j = 0; j < c.num_tokens; ++j, ++t) {
-          const int32_t id = c.tokens[j];
-          DI_CHECK(id >= 0 && id < V, "token id {} out of range [0, {})", id, V);
-          std::memcpy(hb + t * hid, w->embed + int64_t(id) * hid, size_t(hid) * sizeof(bf16));
-        }
-    }
-    ForwardOutput out;
-    for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
-      k::KernelTag ltag("layer" + std::to_string(li));
-      {
-        k::KernelTag tag("attn");
-        attention(li, chunks, cache, T, hb);
+    return T;
+  }
+
+  // dst [T, hid] (row stride `stride`, 0 = hid) = embedding rows of the chunks' tokens.
+  void embed(const std::vector<SeqChunk>& chunks, bf16* dst, int64_t stride = 0) {
+    const int64_t hid = cfg.hidden_size, V = cfg.vocab_size;
+    if (stride == 0) stride = hid;
+    k::KernelTag tag("embed");
+    int64_t t = 0;
+    for (const auto& c : chunks)
+      for (int64_t j = 0; j < c.num_tokens; ++j, ++t) {
+        const int32_t id = c.tokens[j];
+        DI_CHECK(id >= 0 && id < V, "token id {} out of range [0, {})", id, V);
+        std::memcpy(dst + t * stride, w->embed + int64_t(id) * hid, size_t(hid) * sizeof(bf16));
       }
-      ffn(li, T, hb, trace ? &out.routing : nullptr);
+  }
+
+  // Layer li (attention + FFN) on the residual stream hb [T, hid].
+  void block(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
+             bf16* hb, RoutingTrace* trace) {
+    {
+      k::KernelTag tag("attn");
+      attention(li, chunks, cache, T, hb);
     }
-    // Final norm + lm head on the rows that need logits.
+    ffn(li, T, hb, trace);
+  }
+
+  // Norm + head on the rows that need logits (per chunk: all its positions or its last); the
+  // hidden rows are kept in out.hidden when asked.
+  void head(const std::vector<SeqChunk>& chunks, const bf16* hb, int64_t T, const bf16* norm,
+            const Linear& lm, bool keep_hidden, ForwardOutput& out) {
+    const int64_t hid = cfg.hidden_size, V = cfg.vocab_size;
+    if (keep_hidden) {
+      out.hidden = Tensor::empty(DType::bf16, {T, hid});
+      if (T > 0) std::memcpy(out.hidden.data<bf16>(), hb, size_t(T * hid) * sizeof(bf16));
+    }
     out.row_begin.push_back(0);
     std::vector<int64_t> rows;
     {
@@ -571,16 +586,57 @@ struct DeepseekModel::Impl {
       for (int64_t i = 0; i < R; ++i)
         std::memcpy(g + i * hid, hb + rows[size_t(i)] * hid, size_t(hid) * sizeof(bf16));
       bf16* gn = head_in.get(R * hid);
-      rms_norm(g, w->final_norm, R, hid, gn);
+      rms_norm(g, norm, R, hid, gn);
       k::GemmBf16Params gp;
       gp.a = gn;
-      gp.w = w->lm_head.w_bf16;
+      gp.w = lm.w_bf16;
       gp.out_f32 = out.logits.data<float>();
       gp.m = R;
       gp.n = V;
       gp.k = hid;
       k::gemm_bf16(gp);  // [R, V] f32 logits
     }
+  }
+
+  ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace,
+                        bool keep_hidden) {
+    const int64_t T = begin_forward(chunks, cache);
+    bf16* hb = h.get(T * cfg.hidden_size);  // [T, hid] residual stream
+    embed(chunks, hb);
+    ForwardOutput out;
+    for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
+      k::KernelTag ltag("layer" + std::to_string(li));
+      block(li, chunks, cache, T, hb, trace ? &out.routing : nullptr);
+    }
+    head(chunks, hb, T, w->final_norm, w->lm_head, keep_hidden, out);
+    return out;
+  }
+
+  // h' = eh_proj([enorm(Emb(next token)) | hnorm(h)]), one block (layer num_hidden_layers),
+  // shared_head.norm, the head.
+  ForwardOutput mtp_forward(const std::vector<SeqChunk>& chunks, const bf16* hidden_in,
+                            PagedKvCache& cache) {
+    DI_CHECK(!w->mtp.empty(), "mtp_forward: the weights hold no MTP module (LoadOptions::mtp)");
+    const MtpWeights& m = w->mtp[0];
+    const int64_t hid = cfg.hidden_size, li = cfg.num_hidden_layers;
+    const int64_t T = begin_forward(chunks, cache);
+    k::KernelTag ltag("mtp");
+    bf16* cat = ocat.get(T * 2 * hid);  // [T, 2·hid]: [enorm(e) | hnorm(h)]
+    bf16* e = xn.get(T * hid);
+    embed(chunks, e);
+    {
+      k::KernelTag tag("proj");
+      rms_norm(e, m.enorm, T, hid, cat, 0, 2 * hid);
+      rms_norm(hidden_in, m.hnorm, T, hid, cat + hid, 0, 2 * hid);
+    }
+    bf16* hb = h.get(T * hid);
+    {
+      k::KernelTag tag("proj");
+      linear(m.eh_proj, Act{cat}, T, hb);
+    }
+    ForwardOutput out;
+    block(li, chunks, cache, T, hb, nullptr);
+    head(chunks, hb, T, m.head_norm, m.head, true, out);
     return out;
   }
 };
@@ -601,7 +657,7 @@ const ModelWeights& DeepseekModel::weights() const { return *impl_->w; }
 
 KvCacheConfig DeepseekModel::kv_cache_config(int64_t num_pages) const {
   KvCacheConfig c;
-  c.num_layers = impl_->cfg.num_hidden_layers;
+  c.num_layers = impl_->cfg.num_hidden_layers + int64_t(impl_->w->mtp.size());
   c.row_dim = impl_->cfg.kv_lora_rank + impl_->cfg.qk_rope_head_dim;
   c.num_pages = num_pages;
   c.page_size = k::kMlaPageSize;
@@ -609,15 +665,22 @@ KvCacheConfig DeepseekModel::kv_cache_config(int64_t num_pages) const {
 }
 
 ForwardOutput DeepseekModel::forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache,
-                                     bool trace) {
-  return impl_->forward(chunks, cache, trace);
+                                     bool trace, bool hidden) {
+  return impl_->forward(chunks, cache, trace, hidden);
+}
+
+bool DeepseekModel::has_mtp() const { return !impl_->w->mtp.empty(); }
+
+ForwardOutput DeepseekModel::mtp_forward(const std::vector<SeqChunk>& chunks, const bf16* hidden,
+                                         PagedKvCache& cache) {
+  return impl_->mtp_forward(chunks, hidden, cache);
 }
 
 DecodeWeightBytes DeepseekModel::decode_weight_bytes() const {
   const auto& w = *impl_->w;
   const auto& c = w.config;
   DecodeWeightBytes d;
-  for (size_t i = 0; i < w.layers.size(); ++i) {
+  for (size_t i = 0; i < size_t(c.num_hidden_layers); ++i) {  // the main layers (not MTP)
     const auto& L = w.layers[i];
     d.shared += double(L.q_a.weight_bytes() + L.q_b.weight_bytes() + L.q.weight_bytes() +
                        L.kv_a.weight_bytes() + L.o.weight_bytes());

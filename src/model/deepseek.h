@@ -52,6 +52,9 @@ struct ForwardOutput {
   Tensor logits;                   // [R, V] f32: per chunk, all its positions or its last
   std::vector<int64_t> row_begin;  // [chunks + 1] row range of each chunk in logits
   RoutingTrace routing;            // filled when forward(..., trace = true)
+  // [T, hidden] bf16, every new token in chunk order, before the final norm (forward(...,
+  // hidden = true): what the MTP module reads; mtp_forward: the block output the chain reads).
+  Tensor hidden;
 };
 
 // The weight bytes a decode step reads, split by what the batch changes: weights every step reads
@@ -83,7 +86,16 @@ class DeepseekModel {
   // Collective (MoE layers). Total new tokens must be <= max_tokens_per_step. The cache must have
   // room reserved for every chunk (forward reserves it).
   ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache,
-                        bool trace = false);
+                        bool trace = false, bool hidden = false);
+  // True when the weights hold an MTP module (LoadOptions::mtp); the cache then has one more layer.
+  bool has_mtp() const;
+  // Collective, like forward: the MTP module (docs/architecture.md §6.1). Chunk
+  // token j at position p = start_pos + j is the token at p + 1, `hidden` row [T, hidden] the
+  // state for position p (the main model's before its final norm, or the previous MTP step's
+  // block output); the logits predict the token at p + 2, and out.hidden is the block output.
+  // The module's latent rows go to the cache's last layer at position p.
+  ForwardOutput mtp_forward(const std::vector<SeqChunk>& chunks, const bf16* hidden,
+                            PagedKvCache& cache);
   // Bytes of weights one token reads in decode (attention + dense + top-k experts + shared + head),
   // for the decode roofline.
   double active_weight_bytes_per_token() const;

@@ -184,11 +184,22 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     mw->lm_head.in = h;
     mw->lm_head.w_bf16 = t.as<bf16>();
   }
-  if (cfg.num_nextn_predict_layers > 0)
+  // MTP: module 0's block loads as one more layer (rank-sharded experts like the others).
+  const std::string mtp0 = fmt::format("model.layers.{}", cfg.num_hidden_layers);
+  if (opts.mtp && (cfg.num_nextn_predict_layers < 1 || !ck.has(mtp0 + ".eh_proj.weight")))
+    DI_FAIL(
+        "--speculative mtp needs a checkpoint with an MTP module (num_nextn_predict_layers >= 1 "
+        "and the tensors {}.*), but this one has {}; drop --speculative or use a checkpoint with "
+        "one",
+        mtp0,
+        cfg.num_nextn_predict_layers < 1 ? std::string("num_nextn_predict_layers = 0")
+                                         : "no " + mtp0 + ".eh_proj.weight");
+  if (!opts.mtp && cfg.num_nextn_predict_layers > 0)
     log_info("skipping {} MTP layer(s) (layer {}+): speculative decoding is not used",
              cfg.num_nextn_predict_layers, cfg.num_hidden_layers);
+  const int64_t num_layers = cfg.num_hidden_layers + (opts.mtp ? 1 : 0);
 
-  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+  for (int64_t i = 0; i < num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}", i);
     LayerWeights L;
     L.input_norm = ld.norm(p + ".input_layernorm.weight", h);
@@ -230,6 +241,19 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
       }
     }
     mw->layers.push_back(std::move(L));
+  }
+  if (opts.mtp) {
+    MtpWeights m;
+    m.enorm = ld.norm(mtp0 + ".enorm.weight", h);
+    m.hnorm = ld.norm(mtp0 + ".hnorm.weight", h);
+    m.eh_proj = ld.linear(mtp0 + ".eh_proj", h, 2 * h);
+    m.head_norm = ld.norm(mtp0 + ".shared_head.norm.weight", h);
+    m.head = mw->lm_head;
+    if (ck.has(mtp0 + ".shared_head.head.weight")) {
+      m.head.name = mtp0 + ".shared_head.head";
+      m.head.w_bf16 = ck.get(m.head.name + ".weight", DType::bf16, {cfg.vocab_size, h}).as<bf16>();
+    }
+    mw->mtp.push_back(std::move(m));
   }
   mw->loaded_bytes = ld.loaded();
   ld.finish();

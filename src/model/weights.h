@@ -60,6 +60,16 @@ struct LayerWeights {
   bool has_shared = false;
 };
 
+// One multi-token-prediction module (docs/architecture.md §6.1): its block is
+// ModelWeights::layers[num_hidden_layers + i]; the embedding is the main model's.
+struct MtpWeights {
+  const bf16* enorm = nullptr;      // [hidden], on the next token's embedding
+  const bf16* hnorm = nullptr;      // [hidden], on the main model's hidden state
+  Linear eh_proj;                   // [hidden, 2·hidden] over [enorm(e) | hnorm(h)]
+  const bf16* head_norm = nullptr;  // shared_head.norm [hidden]
+  Linear head;                      // shared_head.head [vocab, hidden] BF16, or the main lm_head
+};
+
 struct LoadOptions {
   int ep_rank = 0;
   int ep_size = 1;
@@ -67,7 +77,8 @@ struct LoadOptions {
   bool quantize_fp8 = false;  // BF16 linears -> FP8 128×128 blocks at load
   bool progress = false;      // progress bar on stderr
   bool decode_layout =
-      false;  // fp8 linears also get the cpu decode layout (DEEPINFER_DECODE_LAYOUT)
+      false;         // fp8 linears also get the cpu decode layout (DEEPINFER_DECODE_LAYOUT)
+  bool mtp = false;  // also load the first MTP module (speculative decoding); an Error without one
 };
 
 struct ModelWeights {
@@ -76,7 +87,8 @@ struct ModelWeights {
   const bf16* embed = nullptr;                   // [vocab, hidden]
   const bf16* final_norm = nullptr;              // [hidden]
   Linear lm_head;                                // [vocab, hidden], BF16 GEMM with fp32 logits
-  std::vector<LayerWeights> layers;
+  std::vector<LayerWeights> layers;              // the main layers, then the MTP modules' blocks
+  std::vector<MtpWeights> mtp;  // loaded MTP modules (LoadOptions::mtp: the first one)
   int64_t first_local_expert = 0;
   int64_t num_local_experts = 0;
   size_t loaded_bytes = 0;

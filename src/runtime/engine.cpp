@@ -24,7 +24,9 @@ struct Seq {
   RequestResult res;
   int64_t cache_seq = 0;
   int64_t prefilled = 0;         // prompt tokens already in the cache
-  std::vector<int32_t> pending;  // the decode input (last generated token)
+  std::vector<int32_t> pending;  // the decode input: the last generated token, then the drafts
+  std::vector<int32_t> drafts;   // speculation: the MTP drafts for the next step
+  std::vector<int32_t> mtp_in;   // speculation: the tokens the MTP module reads this step
   bool done = false;
   bool prefilling() const { return prefilled < int64_t(req.prompt.size()); }
 };
@@ -59,6 +61,15 @@ struct Engine::Impl {
       : weights(w), group(g), opts(o), model(w, g, model_options(o)) {
     DI_CHECK(opts.max_batch > 0, "max_batch must be positive, got {}", opts.max_batch);
     DI_CHECK(opts.kv_pages >= 0, "kv_pages must be >= 0, got {}", opts.kv_pages);
+    DI_CHECK(opts.draft_tokens >= 0 && opts.draft_tokens <= 16 &&
+                 opts.draft_tokens < opts.max_tokens_per_step,
+             "draft tokens must be in [0, 16] and below max_tokens_per_step {}, got {}",
+             opts.max_tokens_per_step, opts.draft_tokens);
+    if (opts.draft_tokens > 0 && !model.has_mtp())
+      DI_FAIL(
+          "speculative decoding (--speculative mtp) needs the model's MTP module, but the weights "
+          "were loaded without one; load them with the MTP module (LoadOptions::mtp) from a "
+          "checkpoint that has num_nextn_predict_layers >= 1");
     if (opts.kv_pages > 0)
       cache = std::make_unique<model::PagedKvCache>(model.kv_cache_config(opts.kv_pages));
   }
@@ -105,7 +116,10 @@ struct Engine::Impl {
   }
 
   std::vector<StepEvent> step() {
-    // This rank's step: decode tokens first (latency), then prefill chunks in the budget.
+    const double t0 = now_s();
+    const bool spec = opts.draft_tokens > 0;
+    // This rank's step: decode tokens first (latency), then prefill chunks in the budget. With
+    // speculation a decode chunk is the last token and its drafts (docs/architecture.md §6.1).
     std::vector<model::SeqChunk> chunks;
     std::vector<size_t> owner;  // active index per chunk
     std::vector<bool> is_prefill;
@@ -114,15 +128,23 @@ struct Engine::Impl {
     for (size_t i = 0; i < active.size() && budget > 0; ++i) {
       Seq& s = active[i];
       if (s.prefilling()) continue;
+      // Verify no more drafts than the budget and max_new_tokens leave room for.
+      const int64_t room = s.req.max_new_tokens - int64_t(s.res.tokens.size()) - 1;
+      const int64_t nd =
+          std::max<int64_t>(0, std::min({int64_t(s.drafts.size()), budget - 1, room}));
+      s.pending.resize(1);
+      s.pending.insert(s.pending.end(), s.drafts.begin(), s.drafts.begin() + nd);
+      s.drafts.clear();
       model::SeqChunk c;
       c.cache_seq = s.cache_seq;
       c.tokens = s.pending.data();
-      c.num_tokens = 1;
+      c.num_tokens = 1 + nd;
       c.start_pos = int64_t(s.req.prompt.size() + s.res.tokens.size()) - 1;
+      c.all_logits = true;  // one row per verified position
       chunks.push_back(c);
       owner.push_back(i);
       is_prefill.push_back(false);
-      --budget;
+      budget -= c.num_tokens;
     }
     for (size_t i = 0; i < active.size() && budget > 0; ++i) {
       Seq& s = active[i];
@@ -140,54 +162,215 @@ struct Engine::Impl {
       any_prefill = true;
     }
     for (size_t i : owner) trace = trace || active[i].req.record;
-    const double t0 = now_s();
-    model::ForwardOutput out = model.forward(chunks, *cache, trace);
-    const double dt = now_s() - t0;
+    model::ForwardOutput out = model.forward(chunks, *cache, trace, spec);
     ++stats.steps;
-    (any_prefill ? stats.prefill_seconds : stats.decode_seconds) += dt;
 
-    // Record logits and routing, then sample where a chunk ends at the sequence's last token.
-    std::vector<int64_t> sample_rows;
+    // Sample every row that ends a prompt or verifies a decode position: row j of a decode chunk
+    // draws the sequence's next token j with its own counter, exactly as plain decode would.
+    std::vector<int64_t> sample_rows, sample_counter;
     std::vector<size_t> sample_owner;
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const int64_t r0 = out.row_begin[ci], r1 = out.row_begin[ci + 1];
+      Seq& s = active[owner[ci]];
+      if (is_prefill[ci] && s.prefilled + chunks[ci].num_tokens < int64_t(s.req.prompt.size()))
+        continue;
+      const int64_t first = is_prefill[ci] ? r1 - 1 : r0;
+      for (int64_t r = first; r < r1; ++r) {
+        sample_rows.push_back(r);
+        sample_owner.push_back(owner[ci]);
+        sample_counter.push_back(int64_t(s.res.tokens.size()) + (r - first));
+      }
+    }
+    const std::vector<int32_t> sampled = sample(out, sample_rows, sample_owner, sample_counter);
+
+    // Accept the longest prefix of drafts the samples agree with, emit the tokens, record.
+    std::vector<StepEvent> events;
+    std::vector<model::SeqChunk> mchunks;  // speculation: the MTP module's catch-up
+    std::vector<size_t> mowner;
+    std::vector<int64_t> mrows;  // row of out.hidden per MTP token
+    size_t next_sample = 0;
     int64_t tok_off = 0;
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const auto& c = chunks[ci];
       Seq& s = active[owner[ci]];
-      (is_prefill[ci] ? stats.prefill_tokens : stats.decode_tokens) += c.num_tokens;
       const int64_t r0 = out.row_begin[ci], r1 = out.row_begin[ci + 1];
-      if (s.req.record) record(s, out, r0, r1, tok_off, c.num_tokens);
+      const int64_t off = tok_off;
       tok_off += c.num_tokens;
+      std::vector<int32_t> emitted;
       if (is_prefill[ci]) {
+        stats.prefill_tokens += c.num_tokens;
+        if (s.req.record) record(s, out, r0, r1, off, c.num_tokens);
         s.prefilled += c.num_tokens;
-        if (s.prefilling()) continue;
-      }
-      sample_rows.push_back(r1 - 1);
-      sample_owner.push_back(owner[ci]);
-    }
-    std::vector<StepEvent> events;
-    const std::vector<int32_t> tokens = sample(out, sample_rows, sample_owner);
-    for (size_t b = 0; b < tokens.size(); ++b) {
-      Seq& s = active[sample_owner[b]];
-      const int32_t tok = tokens[b];
-      s.res.tokens.push_back(tok);
-      StepEvent ev;
-      ev.id = s.req.id;
-      ev.token = tok;
-      const bool stop =
-          std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), tok) != s.req.stop_ids.end();
-      if (stop || int64_t(s.res.tokens.size()) >= s.req.max_new_tokens) {
-        s.res.finish_reason = stop ? "stop" : "length";
-        s.done = true;
-        ev.finished = true;
-        ev.result = std::move(s.res);
-        cache->remove_sequence(s.cache_seq);
+        if (!s.prefilling()) emitted.push_back(sampled[next_sample++]);
       } else {
-        s.pending.assign(1, tok);
+        // Targets t_0..t_nd; draft j + 1 (pending[j + 1]) is accepted while it equals t_j.
+        const int64_t nd = c.num_tokens - 1;
+        int64_t n = 0;
+        while (n < nd && s.pending[size_t(n + 1)] == sampled[next_sample + size_t(n)]) ++n;
+        emitted.assign(sampled.begin() + int64_t(next_sample),
+                       sampled.begin() + int64_t(next_sample) + n + 1);
+        next_sample += size_t(nd + 1);
+        stats.decode_tokens += c.num_tokens;
+        stats.drafted += nd;
+        stats.accepted += n;
+        if (s.req.record && spec) {
+          s.res.drafts.insert(s.res.drafts.end(), s.pending.begin() + 1, s.pending.end());
+          s.res.spec_steps.insert(s.res.spec_steps.end(), {nd, n});
+        }
       }
-      events.push_back(std::move(ev));
+      // Emit in order; a stop token or the length limit ends the sequence there.
+      size_t m = 0;
+      for (; m < emitted.size() && !s.done; ++m) {
+        const int32_t tok = emitted[m];
+        s.res.tokens.push_back(tok);
+        StepEvent ev;
+        ev.id = s.req.id;
+        ev.token = tok;
+        const bool stop =
+            std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), tok) != s.req.stop_ids.end();
+        if (stop || int64_t(s.res.tokens.size()) >= s.req.max_new_tokens) {
+          s.res.finish_reason = stop ? "stop" : "length";
+          s.done = true;
+          ev.finished = true;
+        }
+        events.push_back(std::move(ev));
+      }
+      emitted.resize(m);
+      if (!is_prefill[ci]) {
+        stats.decode_emitted += int64_t(m);
+        if (s.req.record) record(s, out, r0, r0 + int64_t(m), off, int64_t(m));
+        if (!s.done) s.pending.assign(1, emitted.back());
+      } else if (!emitted.empty() && !s.done) {
+        s.pending.assign(1, emitted.back());
+      }
+      if (!spec || (s.done && !s.req.record)) continue;
+      // The MTP module reads each position's state and the token after it: the prompt's next
+      // tokens, then the emitted ones.
+      model::SeqChunk mc;
+      mc.cache_seq = s.cache_seq;
+      mc.start_pos = c.start_pos;
+      if (is_prefill[ci]) {
+        const auto& p = s.req.prompt;
+        const int64_t e = c.start_pos + c.num_tokens;
+        s.mtp_in.assign(p.begin() + c.start_pos + 1, p.begin() + e);
+        s.mtp_in.push_back(e < int64_t(p.size()) ? p[size_t(e)] : emitted.at(0));
+      } else {
+        s.mtp_in = emitted;
+      }
+      mc.tokens = s.mtp_in.data();
+      mc.num_tokens = int64_t(s.mtp_in.size());
+      mc.all_logits = s.req.record;
+      for (int64_t j = 0; j < mc.num_tokens; ++j) mrows.push_back(off + j);
+      mchunks.push_back(mc);
+      mowner.push_back(owner[ci]);
     }
+    if (spec) {
+      const double td = now_s();
+      draft(out, mchunks, mowner, mrows);
+      stats.draft_seconds += now_s() - td;
+    }
+    const double dt = now_s() - t0;
+    (any_prefill ? stats.prefill_seconds : stats.decode_seconds) += dt;
+
+    for (auto& ev : events)
+      if (ev.finished)
+        for (auto& s : active)
+          if (s.req.id == ev.id && s.done) {
+            ev.result = std::move(s.res);
+            cache->remove_sequence(s.cache_seq);
+          }
     std::erase_if(active, [](const Seq& s) { return s.done; });
     return events;
+  }
+
+  // Speculation: the MTP module catches up on this step's positions (collective), then chains
+  // draft_tokens - 1 more single-token steps (collective, every rank the same count); each
+  // sequence that decodes next step ends with up to draft_tokens greedy drafts.
+  void draft(const model::ForwardOutput& main, const std::vector<model::SeqChunk>& mchunks,
+             const std::vector<size_t>& mowner, const std::vector<int64_t>& mrows) {
+    const int64_t hid = model.config().hidden_size, V = model.config().vocab_size;
+    std::vector<bf16> hin(mrows.size() * size_t(hid));
+    for (size_t i = 0; i < mrows.size(); ++i)
+      std::memcpy(hin.data() + i * size_t(hid), main.hidden.data<bf16>() + mrows[i] * hid,
+                  size_t(hid) * sizeof(bf16));
+    model::ForwardOutput o = model.mtp_forward(mchunks, hin.data(), *cache);
+    // The sequences that draft: active index, drafts wanted, next chain position.
+    struct Chain {
+      size_t seq;
+      int64_t want, pos;
+    };
+    std::vector<Chain> chains;
+    std::vector<int64_t> rows;  // logits row per drafting sequence
+    std::vector<bf16> h;        // its last hidden row: what the next chain step reads
+    int64_t tok_end = 0;        // end of chunk i's rows in o.hidden
+    for (size_t i = 0; i < mchunks.size(); ++i) {
+      Seq& s = active[mowner[i]];
+      const int64_t r0 = o.row_begin[i], r1 = o.row_begin[i + 1];
+      tok_end += mchunks[i].num_tokens;
+      if (s.req.record) {
+        const float* lg = o.logits.data<float>();
+        s.res.mtp_logits.insert(s.res.mtp_logits.end(), lg + r0 * V, lg + r1 * V);
+      }
+      const int64_t want =
+          std::min(opts.draft_tokens, s.req.max_new_tokens - int64_t(s.res.tokens.size()) - 1);
+      if (s.done || s.prefilling() || want < 1) continue;
+      chains.push_back({mowner[i], want, mchunks[i].start_pos + mchunks[i].num_tokens});
+      rows.push_back(r1 - 1);
+      const bf16* last = o.hidden.data<bf16>() + (tok_end - 1) * hid;
+      h.insert(h.end(), last, last + hid);
+    }
+    std::vector<size_t> seqs;
+    for (const auto& ch : chains) seqs.push_back(ch.seq);
+    append_argmax(o, rows, seqs);
+    for (int64_t step = 1; step < opts.draft_tokens; ++step) {
+      std::vector<model::SeqChunk> cc;
+      std::vector<bf16> hh;
+      std::vector<size_t> live;  // index into chains
+      for (size_t i = 0; i < chains.size(); ++i) {
+        Chain& ch = chains[i];
+        Seq& s = active[ch.seq];
+        if (int64_t(s.drafts.size()) >= ch.want) continue;
+        model::SeqChunk c;
+        c.cache_seq = s.cache_seq;
+        c.tokens = &s.drafts.back();
+        c.num_tokens = 1;
+        c.start_pos = ch.pos++;
+        cc.push_back(c);
+        hh.insert(hh.end(), h.begin() + int64_t(i) * hid, h.begin() + int64_t(i + 1) * hid);
+        live.push_back(i);
+      }
+      o = model.mtp_forward(cc, hh.data(), *cache);
+      rows.clear();
+      seqs.clear();
+      for (size_t j = 0; j < live.size(); ++j) {
+        std::memcpy(h.data() + live[j] * size_t(hid), o.hidden.data<bf16>() + int64_t(j) * hid,
+                    size_t(hid) * sizeof(bf16));
+        rows.push_back(int64_t(j));
+        seqs.push_back(chains[live[j]].seq);
+      }
+      append_argmax(o, rows, seqs);
+    }
+  }
+
+  // Sequence seqs[b] gets the greedy token of logits row rows[b] as its next draft (ties -> lower
+  // id, the sampling kernel's argmax).
+  void append_argmax(const model::ForwardOutput& o, const std::vector<int64_t>& rows,
+                     const std::vector<size_t>& seqs) {
+    if (rows.empty()) return;
+    const int64_t V = model.config().vocab_size;
+    std::vector<float> lg(rows.size() * size_t(V));
+    for (size_t b = 0; b < rows.size(); ++b)
+      std::memcpy(lg.data() + b * size_t(V), o.logits.data<float>() + rows[b] * V,
+                  size_t(V) * sizeof(float));
+    std::vector<int32_t> tok(rows.size());
+    kernels::SamplingParams sp;  // no temperature: argmax
+    sp.logits = lg.data();
+    sp.tokens = tok.data();
+    sp.batch = int64_t(rows.size());
+    sp.vocab = V;
+    kernels::KernelTag tag("mtp.draft");
+    kernels::sample(sp);
+    for (size_t b = 0; b < rows.size(); ++b) active[seqs[b]].drafts.push_back(tok[b]);
   }
 
   void record(Seq& s, const model::ForwardOutput& out, int64_t r0, int64_t r1, int64_t tok_off,
@@ -212,7 +395,8 @@ struct Engine::Impl {
 
   // One token per row: each row's own logits and settings (docs/numerics.md §9).
   std::vector<int32_t> sample(const model::ForwardOutput& out, const std::vector<int64_t>& rows_at,
-                              const std::vector<size_t>& row_owner) {
+                              const std::vector<size_t>& row_owner,
+                              const std::vector<int64_t>& row_counter) {
     const int64_t V = model.config().vocab_size;
     const size_t nb = rows_at.size();
     std::vector<int32_t> tokens(nb);
@@ -229,7 +413,7 @@ struct Engine::Impl {
       top_k[b] = sc.top_k;
       top_p[b] = sc.top_p;
       seed[b] = int64_t(sc.seed);
-      counter[b] = int64_t(s.res.tokens.size());
+      counter[b] = row_counter[b];
     }
     kernels::SamplingParams sp;
     sp.logits = rows.data();
@@ -324,6 +508,9 @@ std::vector<RequestResult> gather_results(Group& group, const std::vector<Reques
     w.pod(uint64_t(r.routing.size()));
     for (const auto& x : r.routing) w.vec(x);
     w.pod(r.min_router_margin);
+    w.vec(r.mtp_logits);
+    w.vec(r.drafts);
+    w.vec(r.spec_steps);
   }
   const int W = group.size();
   std::vector<int64_t> sizes(static_cast<size_t>(W));
@@ -349,6 +536,9 @@ std::vector<RequestResult> gather_results(Group& group, const std::vector<Reques
       const auto nl = rd.pod<uint64_t>();
       for (uint64_t l = 0; l < nl; ++l) x.routing.push_back(rd.vec<int64_t>());
       x.min_router_margin = rd.pod<float>();
+      x.mtp_logits = rd.vec<float>();
+      x.drafts = rd.vec<int32_t>();
+      x.spec_steps = rd.vec<int64_t>();
       out.push_back(std::move(x));
     }
   }

@@ -47,6 +47,11 @@ struct RequestResult {
   std::vector<int64_t> moe_layers;            // record: MoE layer indices
   std::vector<std::vector<int64_t>> routing;  // record: per MoE layer [num_positions, K]
   float min_router_margin = 0;  // record: smallest router selection margin seen (+inf if none)
+  // record with speculation: the MTP module's logits at every position p < num_positions (it
+  // reads the main model's state at p and the token at p + 1, and predicts the token at p + 2).
+  std::vector<float> mtp_logits;    // [num_positions, V] f32
+  std::vector<int32_t> drafts;      // record with speculation: each decode step's drafts, in order
+  std::vector<int64_t> spec_steps;  // record with speculation: [steps, 2] drafts, accepted
 };
 
 // Called on the rank that owns the request, once per generated token.
@@ -60,6 +65,9 @@ struct EngineOptions {
   int64_t kv_pages = 0;
   model::ModelOptions model;  // EP policy (ModelOptions::from_knobs() for the knobs');
                               // max_tokens_per_step is copied in
+  // > 0: self-speculative decoding (docs/architecture.md §6.1) with this many MTP drafts per
+  // sequence and step; the weights need an MTP module (LoadOptions::mtp). 0: plain decode.
+  int64_t draft_tokens = 0;
 };
 
 struct EngineStats {
@@ -67,11 +75,16 @@ struct EngineStats {
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
   double prefill_seconds = 0;  // steps that held any prefill chunk
-  double decode_seconds = 0;   // steps of decode tokens only
+  double decode_seconds = 0;   // steps of decode tokens only (their MTP forwards included)
+  int64_t decode_emitted = 0;  // tokens the decode steps generated (> steps with speculation)
+  int64_t drafted = 0;         // speculation: MTP drafts verified
+  int64_t accepted = 0;        // speculation: drafts the main model agreed with
+  double draft_seconds = 0;    // speculation: the MTP forwards (in the steps' seconds above)
 };
 
 // What one step did for one of this rank's sequences: a generated token, and the whole result
-// when the sequence ended with it.
+// when the sequence ended with it. With speculation a step can generate several tokens of one
+// sequence: one event each, in order.
 struct StepEvent {
   int64_t id = 0;
   int32_t token = -1;

@@ -23,7 +23,8 @@ struct LaunchModelOptions {
   CommKind comm = CommKind::local;
   model::GemmMode gemm = model::GemmMode::fp8;
   bool quantize_fp8 = false;
-  bool progress = false;              // rank 0 progress bar while weights load (on a terminal)
+  bool progress = false;  // rank 0 progress bar while weights load (on a terminal)
+  bool mtp = false;       // also load the MTP module (speculative decoding; LoadOptions::mtp)
   std::string world_option = "--ep";  // how the user sets `ep`, for messages
 };
 

@@ -79,6 +79,7 @@ void serve(const ServeOptions& opts, const std::function<void(int, Scheduler&)>&
     eo.max_tokens_per_step = opts.max_tokens_per_step;
     eo.max_batch = opts.max_batch;
     eo.kv_pages = pages;
+    eo.draft_tokens = opts.draft_tokens;
     runtime::Engine engine(ctx.weights, ctx.group, eo);
     if (ctx.group.rank() != 0) {
       serve_rank(ctx.group, engine, nullptr);

@@ -6,7 +6,11 @@
 // decode step per op and per layer (docs/performance.md §8). --model synthetic writes a
 // DeepSeek-V3-architecture model with random BF16 weights (fixed seed) in HF layout into
 // --synthetic-dir and loads it with
-// --quantize fp8.
+// --quantize fp8. --speculative mtp [--draft-tokens k] adds a line for self-speculative decode
+// (docs/architecture.md §6.1): tokens/s against plain decode's of the same run (runs alternate),
+// i.e. the speedup, with the acceptance (accepted / verified drafts), tokens per verify step and
+// the share of the time in the MTP forwards; the tokens must equal plain greedy decode's. With
+// --model synthetic the model then has an MTP module (its own folder, --synthetic-dir + "-mtp").
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
 #include <fmt/format.h>
@@ -32,6 +36,7 @@
 #include "runtime/engine.h"
 #include "runtime/launch.h"
 #include "synthetic_model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace deepinfer::cli {
 namespace {
@@ -49,6 +54,8 @@ struct BenchDecodeCli {
   int reps = 3;
   std::vector<int64_t> batch = {1};  // sequences decoding together
   bool profile = false;
+  std::string prompt;  // decode prompt text ("" = 16 seeded random ids)
+  SpeculativeOptions speculative;
 };
 
 // Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
@@ -116,7 +123,11 @@ int run_bench_decode(BenchDecodeCli o) {
   if (o.model == "synthetic") {
     dir = o.synthetic_dir;
     name = "synthetic-v3";
-    write_synthetic_model(dir);
+    if (o.speculative.on()) {  // the same model plus an MTP module, in its own folder
+      dir += "-mtp";
+      name += "-mtp";
+    }
+    write_synthetic_model(dir, o.speculative.on());
     if (o.quantize.empty()) o.quantize = "fp8";
   }
   ThreadPool pool(o.threads);
@@ -135,6 +146,7 @@ int run_bench_decode(BenchDecodeCli o) {
   lo.ep = o.ep;
   lo.quantize_fp8 = o.quantize == "fp8";
   std::mutex print_mutex;
+  lo.mtp = o.speculative.on();
   runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
     runtime::EngineOptions eo;
     eo.model = model::ModelOptions::from_knobs();
@@ -197,7 +209,7 @@ int run_bench_decode(BenchDecodeCli o) {
         engine.generate(reqs);
         const auto s1 = engine.stats();
         if (r > 0)
-          tok_s.push_back(double(s1.decode_tokens - s0.decode_tokens) /
+          tok_s.push_back(double(s1.decode_emitted - s0.decode_emitted) /
                           (s1.decode_seconds - s0.decode_seconds));
       }
       // The experts each step reads, from a recorded (untimed) run of the same greedy requests.
@@ -255,6 +267,69 @@ int run_bench_decode(BenchDecodeCli o) {
                  {"load_replicated_bytes", double(rc.load.replicated_bytes)}};
       ctx.emit(d);
     }
+
+    if (o.speculative.on()) {
+      // Speculative decode (batch 1) against plain decode of the same prompt (--prompt's tokens,
+      // else 16 random ids); the runs alternate, so both see the same moments of a shared machine.
+      std::vector<int32_t> decode_prompt = decode_requests(1, kDecodePrompt, 1, V, 101)[0].prompt;
+      if (!o.prompt.empty()) decode_prompt = Tokenizer::from_dir(dir).encode(o.prompt);
+      runtime::EngineOptions so = eo;
+      so.draft_tokens = o.speculative.draft_tokens;
+      runtime::Engine spec_engine(rc.weights, rc.group, so);
+      std::vector<int32_t> plain_tokens, spec_tokens;
+      std::vector<double> plain_s, spec_s;  // seconds per generated token
+      runtime::EngineStats spec_sum;
+      // One run of engine e; after the warm-up (r = 0) its seconds per token and counts are kept.
+      auto decode = [&](runtime::Engine& e, int r, std::vector<double>& per_token,
+                        std::vector<int32_t>& tokens, runtime::EngineStats* sum) {
+        runtime::Request q;
+        q.prompt = decode_prompt;
+        q.max_new_tokens = o.decode_tokens + 1;
+        const auto s0 = e.stats();
+        tokens = e.generate({q})[0].tokens;
+        const auto s1 = e.stats();
+        if (r == 0) return;
+        per_token.push_back((s1.decode_seconds - s0.decode_seconds) /
+                            double(s1.decode_emitted - s0.decode_emitted));
+        if (sum) {
+          sum->decode_emitted += s1.decode_emitted - s0.decode_emitted;
+          sum->drafted += s1.drafted - s0.drafted;
+          sum->accepted += s1.accepted - s0.accepted;
+          sum->decode_seconds += s1.decode_seconds - s0.decode_seconds;
+          sum->draft_seconds += s1.draft_seconds - s0.draft_seconds;
+        }
+      };
+      for (int r = 0; r < o.reps + 1; ++r) {
+        decode(engine, r, plain_s, plain_tokens, nullptr);
+        decode(spec_engine, r, spec_s, spec_tokens, &spec_sum);
+      }
+      DI_CHECK(spec_tokens == plain_tokens,
+               "speculative decode generated other tokens than plain greedy decode");
+      if (lead) {
+        std::sort(plain_s.begin(), plain_s.end());
+        std::sort(spec_s.begin(), spec_s.end());
+        const double dec_s = plain_s[plain_s.size() / 2], sp_s = spec_s[spec_s.size() / 2];
+        const int64_t k = o.speculative.draft_tokens;
+        kernels::testing::BenchRecord x;
+        x.bench = "decode";
+        x.case_name = fmt::format("{} decode batch 1 speculative mtp k={}", tag, k);
+        x.seconds = sp_s;
+        x.limit = "plain_decode_tokens_per_s";  // the limit it must beat
+        x.limit_value = 1.0 / dec_s;
+        x.ratio = dec_s / sp_s;                                                    // the speedup
+        const double steps = double(spec_sum.decode_emitted - spec_sum.accepted);  // verify steps
+        x.extra = {
+            {"tokens_per_s", 1.0 / sp_s},
+            {"speedup", dec_s / sp_s},
+            {"acceptance", double(spec_sum.accepted) / std::max(1.0, double(spec_sum.drafted))},
+            {"accepted_per_step", double(spec_sum.accepted) / std::max(1.0, steps)},
+            {"tokens_per_step", double(spec_sum.decode_emitted) / std::max(1.0, steps)},
+            {"draft_share", spec_sum.draft_seconds / std::max(1e-30, spec_sum.decode_seconds)},
+            {"step_over_plain_token", spec_sum.decode_seconds / std::max(1.0, steps) / dec_s},
+            {"greedy_identical", 1.0}};
+        ctx.emit(x);
+      }
+    }
   });
   return 0;
 }
@@ -290,6 +365,10 @@ DEEPINFER_COMMAND(
       app.add_flag("--profile", o->profile,
                    "Also print each rank's decode step broken down per op and per layer (kernel "
                    "compute, pool waiting, collectives, the rest) as '#' lines");
+      app.add_option("--prompt", o->prompt,
+                     "Decode prompt text, tokenized with the model's tokenizer (default: 16 random "
+                     "token ids)");
+      o->speculative.add_to(app);
       return [o] { return run_bench_decode(*o); };
     });
 

@@ -6,7 +6,11 @@
 //  - argmax: equal wherever the golden top-1/top-2 margin exceeds --margin-tol (100%);
 //  - greedy tokens: identical to the golden continuation;
 //  - routing: the selected experts of every MoE layer equal the golden's wherever the golden
-//    router margin exceeds --router-tol; the smallest router margin seen is reported.
+//    router margin exceeds --router-tol; the smallest router margin seen is reported;
+//  - --speculative mtp (docs/architecture.md §6.1): decoding speculates with the MTP module, and
+//    its logits at every position (within --tol), its argmax (the golden's mtp_draft_top1 where
+//    the margin exceeds --margin-tol) and the verify steps (the reference's trace for k) are
+//    checked too; the main logits, hence the hash, are those of plain decode.
 // It prints a hash of all logits (FNV-1a over the fp32 bytes, prompt order): with `exact`
 // combine the hash must be identical across EP sizes and algorithms (scripts/stages/e2e.sh
 // compares it; --expect-hash makes this run fail on a different hash). Last line
@@ -44,8 +48,17 @@ struct CheckE2eCli {
   double tol = 5e-3;         // per-position relative L2 error of the logits
   double margin_tol = 0.05;  // logit units: argmax must agree where the golden margin exceeds it
   double router_tol = 1e-3;  // router decisions must agree where the golden margin exceeds it
+  double mtp_tol = -1;       // per-position relative L2 error of the MTP logits (< 0: --tol)
   std::string expect_hash;
   bool verbose = false;
+  SpeculativeOptions speculative;
+};
+
+// One verify step of the reference's speculative trace (golden "speculative"/k "steps").
+struct GoldenStep {
+  std::vector<int32_t> drafts;
+  std::vector<float> draft_margins;
+  int64_t accepted = 0;
 };
 
 struct GoldenPrompt {
@@ -57,9 +70,27 @@ struct GoldenPrompt {
   std::vector<int64_t> moe_layers;
   std::vector<std::vector<int64_t>> routing;  // per MoE layer [T, K]
   std::vector<std::vector<float>> router_margins;
+  // MTP (models with an MTP module): per position t the module's logits for token t + 2, their
+  // argmax and top-1/top-2 margin, and the speculative trace for --draft-tokens k if present.
+  std::vector<float> mtp_logits;  // [T, V]
+  std::vector<int32_t> mtp_top1;
+  std::vector<float> mtp_margins;
+  std::vector<GoldenStep> steps;
+  bool has_steps = false;
 };
 
-std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, int64_t& max_new) {
+std::vector<float> read_f32(const std::string& path, int64_t n) {
+  std::ifstream li(path, std::ios::binary);
+  DI_CHECK(li.good(), "cannot read {}", path);
+  std::vector<float> v(static_cast<size_t>(n));
+  li.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
+  DI_CHECK(li.gcount() == std::streamsize(v.size() * sizeof(float)), "{}: truncated ({} floats)",
+           path, n);
+  return v;
+}
+
+std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, int64_t& max_new,
+                                      int64_t draft_tokens) {
   const std::string path = dir + "/golden/golden.json";
   std::ifstream in(path);
   if (!in)
@@ -89,14 +120,28 @@ std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, in
     const auto shape = p.at("logits_shape").get<std::vector<int64_t>>();
     DI_CHECK(shape.size() == 2 && shape[0] == g.positions && shape[1] == vocab,
              "{}: prompt {} logits_shape mismatch", path, g.index);
-    const std::string lf = dir + "/golden/" + p.at("logits_file").get<std::string>();
-    std::ifstream li(lf, std::ios::binary);
-    DI_CHECK(li.good(), "cannot read {}", lf);
-    g.logits.resize(size_t(g.positions * vocab));
-    li.read(reinterpret_cast<char*>(g.logits.data()),
-            std::streamsize(g.logits.size() * sizeof(float)));
-    DI_CHECK(li.gcount() == std::streamsize(g.logits.size() * sizeof(float)),
-             "{}: truncated ({} positions x {} expected)", lf, g.positions, vocab);
+    g.logits =
+        read_f32(dir + "/golden/" + p.at("logits_file").get<std::string>(), g.positions * vocab);
+    if (draft_tokens > 0) {
+      if (!p.contains("mtp_logits_file"))
+        DI_USAGE(
+            "--speculative mtp: {} has no MTP golden (mtp_logits_file); give a model folder whose "
+            "golden tools/reference/write_golden.py wrote with its MTP module (models/tiny-mtp)",
+            path);
+      // T - 1 rows: position t reads token t + 1 of the golden sequence.
+      g.mtp_logits = read_f32(dir + "/golden/" + p.at("mtp_logits_file").get<std::string>(),
+                              (g.positions - 1) * vocab);
+      g.mtp_top1 = p.at("mtp_draft_top1").get<std::vector<int32_t>>();
+      g.mtp_margins = p.at("mtp_margins").get<std::vector<float>>();
+      const std::string k = std::to_string(draft_tokens);
+      if (p.contains("speculative") && p.at("speculative").contains(k)) {
+        g.has_steps = true;
+        for (const auto& st : p.at("speculative").at(k).at("steps"))
+          g.steps.push_back({st.at("drafts").get<std::vector<int32_t>>(),
+                             st.at("draft_margins").get<std::vector<float>>(),
+                             st.at("accepted").get<int64_t>()});
+      }
+    }
     if (p.contains("routing")) {
       for (const auto& [layer, r] : p.at("routing").items()) {
         g.moe_layers.push_back(std::stoll(layer));
@@ -121,6 +166,86 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
+// Per position: ‖a−b‖/‖b‖ and the argmax where the golden top-1/top-2 margin exceeds margin_tol.
+struct LogitsCompare {
+  double max_rel = 0;
+  int64_t worst_pos = 0, argmax_bad = 0, argmax_checked = 0;
+  std::vector<double> rel;  // per position
+  int64_t over(double tol) const {
+    return std::count_if(rel.begin(), rel.end(), [&](double r) { return !(r <= tol); });
+  }
+  void report(const char* what, double tol, std::vector<std::string>& problems) const {
+    if (!(max_rel <= tol))
+      problems.push_back(fmt::format("{} rel err {:.3e} at position {} > tol {:.1e} ({} of {})",
+                                     what, max_rel, worst_pos, tol, over(tol), rel.size()));
+    if (argmax_bad)
+      problems.push_back(fmt::format("{} argmax differs at {}/{} confident positions", what,
+                                     argmax_bad, argmax_checked));
+  }
+};
+
+LogitsCompare compare_logits(const float* mine, const float* gold, int64_t positions, int64_t vocab,
+                             const std::vector<float>& margins, const CheckE2eCli& o) {
+  LogitsCompare c;
+  for (int64_t t = 0; t < positions; ++t) {
+    const float* a = mine + t * vocab;
+    const float* b = gold + t * vocab;
+    double num = 0, den = 0;
+    bool nan = false;
+    int64_t am = 0, bm = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (!std::isfinite(a[v])) nan = true;
+      num += (double(a[v]) - b[v]) * (double(a[v]) - b[v]);
+      den += double(b[v]) * b[v];
+      if (a[v] > a[am]) am = v;
+      if (b[v] > b[bm]) bm = v;
+    }
+    const double rel =
+        nan ? std::numeric_limits<double>::infinity() : std::sqrt(num / std::max(den, 1e-30));
+    c.rel.push_back(rel);
+    if (!(rel <= c.max_rel)) {
+      c.max_rel = rel;
+      c.worst_pos = t;
+    }
+    if (margins[size_t(t)] > o.margin_tol) {
+      ++c.argmax_checked;
+      if (am != bm) ++c.argmax_bad;
+    }
+  }
+  return c;
+}
+
+// The engine's verify steps against the reference's speculative trace: the same number of steps,
+// each step's drafts equal while the reference's draft margins are clear (a chain draft after an
+// unclear one may differ), and the same accepted count where every draft was clear and the engine
+// verified as many as the reference (the last step's drafts are cut to max_new_tokens).
+void check_steps(const runtime::RequestResult& r, const GoldenPrompt& g, const CheckE2eCli& o,
+                 std::vector<std::string>& problems) {
+  if (!g.has_steps) return;
+  const size_t n = r.spec_steps.size() / 2;
+  if (n != g.steps.size()) {
+    problems.push_back(fmt::format("{} verify steps, the reference's trace {}", n, g.steps.size()));
+    return;
+  }
+  int64_t bad = 0, off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t nd = r.spec_steps[2 * i], acc = r.spec_steps[2 * i + 1];
+    const GoldenStep& gs = g.steps[i];
+    bool clear = true;
+    for (int64_t j = 0; j < nd && j < int64_t(gs.drafts.size()) && clear; ++j) {
+      clear = gs.draft_margins[size_t(j)] > o.margin_tol;
+      if (clear && r.drafts[size_t(off + j)] != gs.drafts[size_t(j)]) ++bad;
+    }
+    if (clear && nd == int64_t(gs.drafts.size()) && acc != gs.accepted) ++bad;
+    off += nd;
+  }
+  if (bad)
+    problems.push_back(
+        fmt::format("{} draft or acceptance differences vs the reference's "
+                    "speculative trace",
+                    bad));
+}
+
 int run_check_e2e(const CheckE2eCli& o) {
   const CommKind comm = resolve_comm(o.comm);
   check_mpi_world(comm, o.ep, "--ep");
@@ -130,11 +255,13 @@ int run_check_e2e(const CheckE2eCli& o) {
     throw UsageError(e.what());
   }
   int64_t vocab = 0, max_new = 0;
-  const auto golden = read_golden(o.model, vocab, max_new);
+  const int64_t k = o.speculative.engine_draft_tokens();
+  const auto golden = read_golden(o.model, vocab, max_new, k);
   runtime::LaunchModelOptions lo;
   lo.model_dir = o.model;
   lo.ep = o.ep;
   lo.comm = comm;
+  lo.mtp = o.speculative.on();
   std::vector<runtime::RequestResult> results;
   bool printer = false;
   runtime::run_model_ranks(lo, [&](runtime::RankContext& ctx) {
@@ -148,6 +275,7 @@ int run_check_e2e(const CheckE2eCli& o) {
       eo.model.ep.combine = o.combine == "fast" ? CombineMode::fast : CombineMode::exact;
     DI_CHECK(ctx.weights->config.vocab_size == vocab, "golden vocab {} != model vocab {}", vocab,
              ctx.weights->config.vocab_size);
+    eo.draft_tokens = k;
     runtime::Engine engine(ctx.weights, ctx.group, eo);
     std::vector<runtime::Request> reqs;
     for (size_t i = 0; i < golden.size(); ++i) {
@@ -171,7 +299,9 @@ int run_check_e2e(const CheckE2eCli& o) {
   int passed = 0, failed = 0;
   uint64_t hash = 14695981039346656037ull;
   float min_router_margin = std::numeric_limits<float>::infinity();
-  double worst_rel = 0;
+  double worst_rel = 0, worst_mtp_rel = 0;
+  int64_t drafts_checked = 0, drafts_bad = 0, drafted = 0, accepted = 0, mtp_over = 0, mtp_rows = 0;
+  const double mtp_tol = o.mtp_tol < 0 ? o.tol : o.mtp_tol;
   DI_CHECK(results.size() == golden.size(), "got {} results for {} prompts", results.size(),
            golden.size());
   for (size_t i = 0; i < golden.size(); ++i) {
@@ -183,44 +313,44 @@ int run_check_e2e(const CheckE2eCli& o) {
     if (r.num_positions != g.positions) {
       problems.push_back(fmt::format("{} positions, golden {}", r.num_positions, g.positions));
     } else {
-      double max_rel = 0;
-      int64_t worst_pos = 0, argmax_bad = 0, argmax_checked = 0;
-      for (int64_t t = 0; t < g.positions; ++t) {
-        const float* a = r.logits.data() + t * vocab;
-        const float* b = g.logits.data() + t * vocab;
-        double num = 0, den = 0;
-        bool nan = false;
-        int64_t am = 0, bm = 0;
-        for (int64_t v = 0; v < vocab; ++v) {
-          if (!std::isfinite(a[v])) nan = true;
-          num += (double(a[v]) - b[v]) * (double(a[v]) - b[v]);
-          den += double(b[v]) * b[v];
-          if (a[v] > a[am]) am = v;
-          if (b[v] > b[bm]) bm = v;
-        }
-        const double rel =
-            nan ? std::numeric_limits<double>::infinity() : std::sqrt(num / std::max(den, 1e-30));
-        if (!(rel <= max_rel)) {
-          max_rel = rel;
-          worst_pos = t;
-        }
-        if (g.margins[size_t(t)] > o.margin_tol) {
-          ++argmax_checked;
-          if (am != bm) ++argmax_bad;
-        }
-      }
-      worst_rel = std::max(worst_rel, max_rel);
-      if (!(max_rel <= o.tol))
-        problems.push_back(fmt::format("logits rel err {:.3e} at position {} > tol {:.1e}", max_rel,
-                                       worst_pos, o.tol));
-      if (argmax_bad)
-        problems.push_back(
-            fmt::format("argmax differs at {}/{} confident positions", argmax_bad, argmax_checked));
+      const LogitsCompare lc =
+          compare_logits(r.logits.data(), g.logits.data(), g.positions, vocab, g.margins, o);
+      worst_rel = std::max(worst_rel, lc.max_rel);
+      lc.report("logits", o.tol, problems);
       if (o.verbose)
         std::printf("  prompt %zu: max rel err %.3e (position %lld), argmax %lld/%lld\n", i,
-                    max_rel, static_cast<long long>(worst_pos),
-                    static_cast<long long>(argmax_checked - argmax_bad),
-                    static_cast<long long>(argmax_checked));
+                    lc.max_rel, static_cast<long long>(lc.worst_pos),
+                    static_cast<long long>(lc.argmax_checked - lc.argmax_bad),
+                    static_cast<long long>(lc.argmax_checked));
+      if (k > 0) {
+        // The MTP module at every position: logits within the tolerance, argmax = the golden's
+        // draft where its margin is clear.
+        // The engine runs the module at every position (the last one too, reading the last
+        // generated token); the golden's T - 1 rows stop before it.
+        const int64_t mp = g.positions - 1;
+        if (int64_t(r.mtp_logits.size()) != g.positions * vocab) {
+          problems.push_back(fmt::format("{} MTP logits rows, expected {}",
+                                         int64_t(r.mtp_logits.size()) / vocab, g.positions));
+        } else {
+          const LogitsCompare mc =
+              compare_logits(r.mtp_logits.data(), g.mtp_logits.data(), mp, vocab, g.mtp_margins, o);
+          worst_mtp_rel = std::max(worst_mtp_rel, mc.max_rel);
+          mc.report("MTP logits", mtp_tol, problems);
+          mtp_over += mc.over(o.tol);
+          mtp_rows += mp;
+          for (int64_t t = 0; t < mp; ++t) {
+            if (g.mtp_margins[size_t(t)] <= o.margin_tol) continue;
+            const float* a = r.mtp_logits.data() + t * vocab;
+            ++drafts_checked;
+            if (std::max_element(a, a + vocab) - a != g.mtp_top1[size_t(t)]) ++drafts_bad;
+          }
+        }
+        check_steps(r, g, o, problems);
+        for (size_t st = 0; st + 1 < r.spec_steps.size(); st += 2) {
+          drafted += r.spec_steps[st];
+          accepted += r.spec_steps[st + 1];
+        }
+      }
       // Routing.
       const int64_t K =
           g.routing.empty() ? 0 : int64_t(g.routing[0].size()) / std::max<int64_t>(g.positions, 1);
@@ -260,6 +390,17 @@ int run_check_e2e(const CheckE2eCli& o) {
   }
   std::printf("worst logits rel err %.3e (tol %.1e); smallest router margin %.3e\n", worst_rel,
               o.tol, double(min_router_margin));
+  if (k > 0) {
+    std::printf(
+        "MTP: worst logits rel err %.3e (tol %.1e; %lld of %lld positions above --tol %.1e); "
+        "drafts = golden mtp_draft_top1 at %lld/%lld confident positions; acceptance %.3f (%lld "
+        "of %lld drafts, k = %lld)\n",
+        worst_mtp_rel, mtp_tol, static_cast<long long>(mtp_over), static_cast<long long>(mtp_rows),
+        o.tol, static_cast<long long>(drafts_checked - drafts_bad),
+        static_cast<long long>(drafts_checked),
+        double(accepted) / double(std::max<int64_t>(drafted, 1)), static_cast<long long>(accepted),
+        static_cast<long long>(drafted), static_cast<long long>(k));
+  }
   const std::string hs = fmt::format("{:016x}", hash);
   std::printf("logits hash: %s\n", hs.c_str());
   if (!o.expect_hash.empty()) {
@@ -297,6 +438,8 @@ DEEPINFER_COMMAND(
           ->check(CLI::IsMember({"exact", "fast"}));
       app.add_option("--tol", o->tol,
                      "Per-position ‖a−b‖/‖b‖ tolerance of the logits (default 5e-3)");
+      app.add_option("--mtp-tol", o->mtp_tol,
+                     "With --speculative: the MTP logits' ‖a−b‖/‖b‖ tolerance (default --tol)");
       app.add_option(
           "--margin-tol", o->margin_tol,
           "Argmax must agree where the golden top-1/top-2 margin exceeds this (default 0.05)");
@@ -305,6 +448,7 @@ DEEPINFER_COMMAND(
           "Routing must agree where the golden router margin exceeds this (default 1e-3)");
       app.add_option("--expect-hash", o->expect_hash, "Fail unless the logits hash equals this");
       app.add_flag("--verbose", o->verbose, "Per-prompt error figures");
+      o->speculative.add_to(app);
       return [o] { return run_check_e2e(*o); };
     });
 

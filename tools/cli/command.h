@@ -58,6 +58,16 @@ CommKind resolve_comm(const std::string& typed);
 // of exactly that many processes (world <= 1 takes the launch's size). A UsageError otherwise.
 void check_mpi_world(CommKind comm, int world, const std::string& option);
 
+// `--speculative mtp [--draft-tokens k]` (docs/architecture.md §6.1), the same on every command
+// that runs the engine.
+struct SpeculativeOptions {
+  std::string mode;  // "" (plain decode) or "mtp"
+  int64_t draft_tokens = 2;
+  void add_to(CLI::App& app);
+  bool on() const { return mode == "mtp"; }
+  int64_t engine_draft_tokens() const { return on() ? draft_tokens : 0; }  // EngineOptions'
+};
+
 template <class Result>
 int run_check_suite(const LaunchOptions& lo, const char* name,
                     const std::function<Result(Group&)>& suite) {

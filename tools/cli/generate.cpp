@@ -49,6 +49,7 @@ struct GenerateCli {
   std::string quantize;
   int64_t max_tokens_per_step = 256;
   bool ignore_eos = false;
+  SpeculativeOptions speculative;
 };
 
 const runtime::SamplingNames kSamplingNames{"--temperature", "--top-k", "--top-p"};
@@ -143,6 +144,7 @@ int run_generate(const GenerateCli& o) {
   lo.gemm = o.gemm == "bf16" ? model::GemmMode::bf16 : model::GemmMode::fp8;
   lo.quantize_fp8 = o.quantize == "fp8";
   lo.progress = true;
+  lo.mtp = o.speculative.on();
   const bool stream = prompts.size() == 1;
   int64_t prompt_tokens = 0;
   for (const auto& v : pre.ids) prompt_tokens += int64_t(v.size());
@@ -154,6 +156,7 @@ int run_generate(const GenerateCli& o) {
     runtime::EngineOptions eo;
     eo.model = model::ModelOptions::from_knobs();
     eo.max_tokens_per_step = o.max_tokens_per_step;
+    eo.draft_tokens = o.speculative.engine_draft_tokens();
     if (!o.algo.empty())
       eo.model.ep.algo = o.algo == "ag"    ? EpAlgo::ag
                          : o.algo == "a2a" ? EpAlgo::a2a
@@ -279,6 +282,7 @@ DEEPINFER_COMMAND(
                      "chunks (default 256)")
           ->check(integer_in(1, int64_t(1) << 20));
       app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
+      o->speculative.add_to(app);
       return [o] { return run_generate(*o); };
     });
 

@@ -62,6 +62,17 @@ CLI::Validator a_number() {
       "NUMBER");
 }
 
+void SpeculativeOptions::add_to(CLI::App& app) {
+  auto* spec = app.add_option("--speculative", mode,
+                              "mtp: self-speculative decoding with the model's MTP module (same "
+                              "output as without; needs num_nextn_predict_layers >= 1)")
+                   ->check(CLI::IsMember({"mtp"}));
+  app.add_option("--draft-tokens", draft_tokens,
+                 "MTP drafts verified per step with --speculative mtp (default 2)")
+      ->check(integer_in(1, 16))
+      ->needs(spec);
+}
+
 CommKind resolve_comm(const std::string& typed) {
   std::optional<CommKind> option, env;
   if (!typed.empty()) option = typed == "mpi" ? CommKind::mpi : CommKind::local;

@@ -49,6 +49,7 @@ struct ServeCli {
   double drain_timeout_s = 30;
   std::string gemm = "fp8";
   std::string quantize;
+  SpeculativeOptions speculative;
 };
 
 // Under a launcher, how much of its SIGTERM-to-SIGKILL grace the requests in flight may use: the
@@ -175,6 +176,8 @@ int run_serve(const ServeCli& o) {
   so.max_queue = o.max_queue;
   so.kv_pages = o.kv_pages;
   so.max_tokens_per_step = o.max_tokens_per_step;
+  so.launch.mtp = o.speculative.on();
+  so.draft_tokens = o.speculative.engine_draft_tokens();
   std::signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails instead
   SignalWatch signals;
   signals.drain_timeout_s = o.drain_timeout_s;
@@ -241,6 +244,7 @@ DEEPINFER_COMMAND(
       app.add_option("--quantize", o->quantize,
                      "fp8: quantize BF16 weights to FP8 128x128 at load (for --gemm fp8)")
           ->check(CLI::IsMember({"fp8"}));
+      o->speculative.add_to(app);
       return [o] { return run_serve(*o); };
     });
 

@@ -61,7 +61,7 @@ void write_synthetic_tokenizer(const std::string& path, int64_t vocab) {
 }
 
 // The synthetic DeepSeek-V3-architecture model of issue 5 (HF layout, BF16, no YaRN).
-void write_synthetic_model(const std::string& dir) {
+void write_synthetic_model(const std::string& dir, bool mtp) {
   if (!fs::exists(dir + "/tokenizer.json")) {
     fs::create_directories(dir);
     write_synthetic_tokenizer(dir + "/tokenizer.json", 32000);
@@ -105,8 +105,14 @@ void write_synthetic_model(const std::string& dir) {
   bf16_tensor("model.embed_tokens.weight", {kVocab, kHidden}, 1.0f);
   bf16_tensor("lm_head.weight", {kVocab, kHidden}, std::sqrt(3.0f / kHidden));
   ones("model.norm.weight", kHidden);
-  for (int64_t l = 0; l < kLayers; ++l) {
+  for (int64_t l = 0; l < kLayers + (mtp ? 1 : 0); ++l) {
     const std::string p = fmt::format("model.layers.{}", l);
+    if (l == kLayers) {  // the MTP module's own tensors; its block follows as a layer
+      ones(p + ".enorm.weight", kHidden);
+      ones(p + ".hnorm.weight", kHidden);
+      lin(p + ".eh_proj", kHidden, 2 * kHidden);
+      ones(p + ".shared_head.norm.weight", kHidden);
+    }
     ones(p + ".input_layernorm.weight", kHidden);
     ones(p + ".post_attention_layernorm.weight", kHidden);
     lin(p + ".self_attn.q_a_proj", kQLora, kHidden);
@@ -150,12 +156,13 @@ void write_synthetic_model(const std::string& dir) {
   "scoring_func": "sigmoid", "norm_topk_prob": true, "routed_scaling_factor": 2.5,
   "q_lora_rank": {}, "kv_lora_rank": {}, "qk_nope_head_dim": {}, "qk_rope_head_dim": {}, "v_head_dim": {},
   "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "rope_scaling": null,
-  "max_position_embeddings": 4096, "num_nextn_predict_layers": 0, "attention_bias": false,
+  "max_position_embeddings": 4096, "num_nextn_predict_layers": {}, "attention_bias": false,
   "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false, "torch_dtype": "bfloat16"
 }}
 )",
                      kVocab, kHidden, kInter, kMoeInter, kLayers, kHeads, kHeads, kDense, kExperts,
-                     kShared, kTopk, kGroups, kTopkGroup, kQLora, kKvLora, kNope, kRope, kV);
+                     kShared, kTopk, kGroups, kTopkGroup, kQLora, kKvLora, kNope, kRope, kV,
+                     mtp ? 1 : 0);
 }
 
 }  // namespace deepinfer::cli

@@ -9,7 +9,8 @@
 namespace deepinfer::cli {
 
 // Writes config.json, model.safetensors and tokenizer.json into `dir` unless they are there.
-void write_synthetic_model(const std::string& dir);
+// mtp: with one MTP module (layer 8: enorm, hnorm, eh_proj, an MoE block, shared_head.norm).
+void write_synthetic_model(const std::string& dir, bool mtp = false);
 
 // A byte-level BPE tokenizer.json with `vocab` ids: 0 and 1 are BOS and EOS, then the 256 byte
 // tokens, then filler words " w<id>" (no merges reach them; they decode to readable text).
