@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "kernels/registry.h"
 #include "model/safetensors.h"
+#include "runtime/requests.h"
 
 namespace deepinfer::runtime {
 namespace {
@@ -66,7 +67,17 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
     ld.quantize_fp8 = opts.quantize_fp8;
     ld.decode_layout = knobs().decode_layout && kernels::backend_from_knobs() == KernelBackend::cpu;
     ld.progress = opts.progress && group.rank() == 0 && isatty(STDERR_FILENO);
-    RankContext ctx{group, model::load_weights(checkpoint, cfg, ld)};
+    // A rank's load can fail alone (its experts' tensors are its own): the ranks agree on the
+    // outcome, so every rank throws the same Error before any runs the model.
+    std::shared_ptr<model::ModelWeights> weights;
+    std::string problem;
+    try {
+      weights = model::load_weights(checkpoint, cfg, ld);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    agree_or_throw(group, problem);
+    RankContext ctx{group, std::move(weights)};
     fn(ctx);
   });
 }
