@@ -197,7 +197,8 @@ class EpBadDispatch : public ::testing::TestWithParam<std::tuple<EpAlgo, int>> {
 // input unspoiled dispatches (so the error is the spoiled field's).
 TEST_P(EpBadDispatch, IsAnErrorOnEveryRank) {
   const auto [algo, index] = GetParam();
-  const DispatchCase& bad = dispatch_cases()[size_t(index)];
+  const std::vector<DispatchCase> cases = dispatch_cases();
+  const DispatchCase& bad = cases[size_t(index)];
   const EPConfig cfg = ep_config(algo, bad.dtype);
   for (const bool spoil : {false, true}) {
     SCOPED_TRACE(spoil ? "spoiled" : "valid");
