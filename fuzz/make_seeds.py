@@ -119,3 +119,21 @@ for i, body in enumerate([
         {"prompt": [0, 5, 17, 2047], "max_completion_tokens": 4, "n": 1, "ignore_eos": True, "stop": "END"},
         {"prompt": ["one string"], "temperature": 1.5, "top_k": -1, "stream": False}]):
     write("openai_request", "body%d" % i, json.dumps(body, ensure_ascii=False))
+
+# chat_template: a mode byte (even: the rest is a conversation rendered by template number
+# byte >> 1, bit 7 add_generation_prompt; odd: the rest is template text), then the bytes.
+# Conversations: those of tests/serve/data/contexts.json, over several templates; templates:
+# tiny's and every one of tests/serve/data/templates/.
+SERVE_DATA = os.path.join(ROOT, "tests", "serve", "data")
+with open(os.path.join(SERVE_DATA, "contexts.json")) as f:
+    conversations = json.load(f)["conversations"]
+for i, (name, conv) in enumerate(sorted(conversations.items())):
+    mode = ((i % 9) << 1) | (0x80 if conv.get("add_generation_prompt") else 0)
+    body = {k: v for k, v in conv.items() if k != "add_generation_prompt"}
+    write("chat_template", "conv_" + name, bytes([mode]) + json.dumps(body, ensure_ascii=False).encode())
+write("chat_template", "conv_bare_list", bytes([0]) + json.dumps(conversations["basic"]["messages"]).encode())
+with open(os.path.join(TINY, "tokenizer_config.json")) as f:
+    write("chat_template", "tmpl_tiny", b"\x01" + json.load(f)["chat_template"].encode())
+for name in sorted(os.listdir(os.path.join(SERVE_DATA, "templates"))):
+    with open(os.path.join(SERVE_DATA, "templates", name), "rb") as f:
+        write("chat_template", "tmpl_" + name.rsplit(".", 1)[0], b"\x01" + f.read())

@@ -2,7 +2,7 @@
 # Staged test runner. Each stage is scripts/stages/<name>.sh; each is timed and a PASS/FAIL
 # summary table is printed at the end. Exit code is non-zero if any stage failed.
 # Usage: scripts/run_all.sh [stage...]     (no stage = the default CI set)
-# Stages: build format unit collectives ep engram kernels e2e diff cli serve   explicit only: large reference bench fuzz multihost
+# Stages: build format unit collectives ep engram kernels e2e diff cli serve   explicit only: large reference bench fuzz multihost asan tsan
 # Every stage asked for (or, with none named, every default stage) must exist: a missing or
 # unknown one is an error (exit 2) before anything runs, never a stage silently skipped.
 # RUN_ALL_STAGES_DIR replaces scripts/stages (the runner's own test points it at stubs).

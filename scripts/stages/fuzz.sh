@@ -50,10 +50,12 @@ for t in "${targets[@]}"; do
   mkdir -p "$work/$t"
   cp -r "fuzz/corpus/$t/." "$work/$t/" 2>/dev/null || true
   log=$LOGS/$t.log
+  dict=fuzz/$t.dict
+  [[ -f $dict ]] || dict=fuzz/json.dict
   start=$(date +%s)
   # -timeout: one input taking longer is a finding; -rss_limit_mb: so is runaway memory.
   if "$bin" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-    -dict=fuzz/json.dict -artifact_prefix="$LOGS/$t-" "$work/$t" >"$log" 2>&1; then
+    -dict="$dict" -artifact_prefix="$LOGS/$t-" "$work/$t" >"$log" 2>&1; then
     r=PASS; note=""
   else
     r=FAIL; failed=1

@@ -58,32 +58,48 @@ EPConfig EPConfig::from_knobs() {
   return c;
 }
 
+// A bad field is the caller's mistake (an Error naming it, never an InternalError).
 void EPConfig::validate(int world) const {
-  DI_CHECK(world >= 1, "EPConfig: group size must be >= 1, got {}", world);
-  DI_CHECK(num_experts >= 1, "EPConfig.num_experts must be >= 1, got {}", num_experts);
-  DI_CHECK(num_experts % world == 0,
-           "EPConfig.num_experts = {} is not a multiple of the group size {}; experts are split "
-           "evenly across ranks (E % W == 0)",
-           num_experts, world);
-  DI_CHECK(num_experts / world <= kEpMaxLocalExperts,
-           "EPConfig.num_experts = {} gives {} local experts per rank; at most {} supported",
-           num_experts, num_experts / world, kEpMaxLocalExperts);
-  DI_CHECK(hidden >= 1, "EPConfig.hidden must be >= 1, got {}", hidden);
-  DI_CHECK(num_topk >= 1 && num_topk <= kEpMaxTopk, "EPConfig.num_topk must be in [1, {}], got {}",
-           kEpMaxTopk, num_topk);
-  DI_CHECK(num_topk <= num_experts,
-           "EPConfig.num_topk = {} exceeds num_experts = {} (experts in a row must be distinct)",
-           num_topk, num_experts);
-  DI_CHECK(num_max_tokens_per_rank >= 0, "EPConfig.num_max_tokens_per_rank must be >= 0, got {}",
-           num_max_tokens_per_rank);
-  DI_CHECK(int64_t(num_max_tokens_per_rank) * world < (int64_t(1) << 40),
-           "EPConfig.num_max_tokens_per_rank = {} × {} ranks is too large", num_max_tokens_per_rank,
-           world);
-  DI_CHECK(expert_alignment >= 1 && expert_alignment <= (1 << 20),
-           "EPConfig.expert_alignment must be in [1, 2^20], got {}", expert_alignment);
-  DI_CHECK(chunk_bytes >= 4096, "EPConfig.chunk_bytes must be >= 4096, got {}", chunk_bytes);
-  DI_CHECK(dispatch_dtype == DispatchDType::bf16 || dispatch_dtype == DispatchDType::fp8,
-           "EPConfig.dispatch_dtype must be bf16 or fp8");
+  if (world < 1) DI_FAIL("EPConfig: group size must be >= 1, got {}", world);
+  if (num_experts < 1) DI_FAIL("EPConfig.num_experts must be >= 1, got {}", num_experts);
+  if (num_experts % world != 0)
+    DI_FAIL(
+        "EPConfig.num_experts = {} is not a multiple of the group size {}; experts are split "
+        "evenly across ranks (E % W == 0)",
+        num_experts, world);
+  if (num_experts / world > kEpMaxLocalExperts)
+    DI_FAIL("EPConfig.num_experts = {} gives {} local experts per rank; at most {} supported",
+            num_experts, num_experts / world, kEpMaxLocalExperts);
+  if (hidden < 1) DI_FAIL("EPConfig.hidden must be >= 1, got {}", hidden);
+  if (num_topk < 1 || num_topk > kEpMaxTopk)
+    DI_FAIL("EPConfig.num_topk must be in [1, {}], got {}", kEpMaxTopk, num_topk);
+  if (num_topk > num_experts)
+    DI_FAIL("EPConfig.num_topk = {} exceeds num_experts = {} (experts in a row must be distinct)",
+            num_topk, num_experts);
+  if (num_max_tokens_per_rank < 0)
+    DI_FAIL("EPConfig.num_max_tokens_per_rank must be >= 0, got {}", num_max_tokens_per_rank);
+  if (int64_t(num_max_tokens_per_rank) * world >= (int64_t(1) << 40))
+    DI_FAIL("EPConfig.num_max_tokens_per_rank = {} × {} ranks is too large",
+            num_max_tokens_per_rank, world);
+  if (expert_alignment < 1 || expert_alignment > (1 << 20))
+    DI_FAIL("EPConfig.expert_alignment must be in [1, 2^20], got {}", expert_alignment);
+  if (chunk_bytes < 4096) DI_FAIL("EPConfig.chunk_bytes must be >= 4096, got {}", chunk_bytes);
+  if (dispatch_dtype != DispatchDType::bf16 && dispatch_dtype != DispatchDType::fp8)
+    DI_FAIL("EPConfig.dispatch_dtype must be bf16 or fp8, got the value {}", int(dispatch_dtype));
+  // The enums come from the caller as any byte: one outside its values would pick no lowering.
+  const auto bad_enum = [](const char* field, int v, const char* words) {
+    DI_FAIL("EPConfig.{} must be one of {}, got the value {}", field, words, v);
+  };
+  if (algo != EpAlgo::ag && algo != EpAlgo::a2a && algo != EpAlgo::automatic)
+    bad_enum("algo", int(algo), "ag, a2a, automatic");
+  if (combine != CombineMode::exact && combine != CombineMode::fast)
+    bad_enum("combine", int(combine), "exact, fast");
+  if (ag_rows != AgRows::max && ag_rows != AgRows::cap)
+    bad_enum("ag_rows", int(ag_rows), "max, cap");
+  if (reduce != EpReduce::rs && reduce != EpReduce::ar) bad_enum("reduce", int(reduce), "rs, ar");
+  if (peer_memory != EpPeerMemory::off && peer_memory != EpPeerMemory::on &&
+      peer_memory != EpPeerMemory::automatic)
+    bad_enum("peer_memory", int(peer_memory), "off, on, automatic");
 }
 
 std::string EPConfig::describe() const {

@@ -198,6 +198,7 @@ struct EPBuffer::Impl {
     h->algo = c.algo;
     h->world = c.world;
     h->rank = c.rank;
+    h->owner = this;
     h->num_tokens = t_count;
     if (err.empty()) {
       h->topk_idx = in.topk_idx.clone();
@@ -254,12 +255,17 @@ struct EPBuffer::Impl {
   }
 
   void check_handle(const Handle& handle, const char* op) const {
-    DI_CHECK(handle.valid(), "ep {}: the handle is empty; pass the handle of a dispatch", op);
+    if (!handle.valid())
+      DI_FAIL("ep {} on rank {}/{}: the handle is empty; pass the handle of a dispatch", op, c.rank,
+              c.world);
     const HandleData& h = *handle.data;
-    DI_CHECK(h.world == c.world && h.rank == c.rank && h.algo == c.algo,
-             "ep {}: the handle comes from another EPBuffer (rank {}/{} algo {}, this is rank "
-             "{}/{} algo {})",
-             op, h.rank, h.world, to_string(h.algo), c.rank, c.world, to_string(c.algo));
+    // Another buffer's handle holds its own E, K and sizes: reading them here would run past
+    // this buffer's arrays.
+    if (h.owner != this)
+      DI_FAIL(
+          "ep {} on rank {}/{}: the handle comes from another EPBuffer (rank {}/{} algo {}); "
+          "pass the handle of this buffer's dispatch",
+          op, c.rank, c.world, h.rank, h.world, to_string(h.algo));
   }
 
   DispatchOutput dispatch_cached(const Tensor& x, const Tensor& scales, const Handle& handle) {
@@ -276,9 +282,11 @@ struct EPBuffer::Impl {
   }
 
   Tensor dispatch_input(int64_t num_tokens) {
-    DI_CHECK(num_tokens >= 0 && num_tokens <= cfg().num_max_tokens_per_rank,
-             "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{}", c.rank, c.world,
-             num_tokens, cfg().num_max_tokens_per_rank);
+    if (num_tokens < 0 || num_tokens > cfg().num_max_tokens_per_rank)
+      DI_FAIL(
+          "ep dispatch_input on rank {}/{}: {} tokens, the buffer takes 0..{} "
+          "(num_max_tokens_per_rank)",
+          c.rank, c.world, num_tokens, cfg().num_max_tokens_per_rank);
     places.check_free(c, X::x, "dispatch_input");
     places.check_free(c, X::y, "dispatch_input");
     const DType dt = c.x_dtype();
@@ -314,11 +322,11 @@ struct EPBuffer::Impl {
     places.check_free(c, X::x, "combine");
     const HandleData& h = *handle.data;
     const int64_t rows = cfg().expand ? h.num_expanded : h.num_recv;
-    DI_CHECK((y.defined() || (y.ndim() == 2 && y.numel() == 0)) && y.dtype() == DType::bf16 &&
-                 y.ndim() == 2 && y.dim(0) == rows && y.dim(1) == cfg().hidden && y.is_contiguous(),
-             "ep combine on rank {}/{}: y must be a contiguous bf16 [{}={}, H={}] tensor, got {}",
-             c.rank, c.world, cfg().expand ? "S" : "N", rows, cfg().hidden,
-             y.defined() ? y.describe() : "undefined");
+    if (!((y.defined() || (y.ndim() == 2 && y.numel() == 0)) && y.dtype() == DType::bf16 &&
+          y.ndim() == 2 && y.dim(0) == rows && y.dim(1) == cfg().hidden && y.is_contiguous()))
+      DI_FAIL("ep combine on rank {}/{}: y must be a contiguous bf16 [{}={}, H={}] tensor, got {}",
+              c.rank, c.world, cfg().expand ? "S" : "N", rows, cfg().hidden,
+              y.defined() ? y.describe() : "undefined");
     CombineOutput out;
     out.x = Tensor::empty(DType::bf16, {h.num_tokens, cfg().hidden});              // [T, H]
     out.topk_weights = Tensor::zeros(DType::f32, {h.num_tokens, cfg().num_topk});  // [T, K]

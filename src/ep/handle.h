@@ -14,9 +14,10 @@ namespace deepinfer::ep {
 struct HandleData {
   EpAlgo algo = EpAlgo::ag;  // resolved
   int world = 1, rank = 0;
-  int64_t num_tokens = 0;  // T of this rank
-  Tensor topk_idx;         // [T, K] i64, this rank's routing (copy)
-  Tensor topk_weights;     // [T, K] f32 (copy)
+  const void* owner = nullptr;  // the EPBuffer that made it (its sizes are that buffer's)
+  int64_t num_tokens = 0;       // T of this rank
+  Tensor topk_idx;              // [T, K] i64, this rank's routing (copy)
+  Tensor topk_weights;          // [T, K] f32 (copy)
 
   // Receive side, rows in (source rank, source token) order.
   int64_t num_recv = 0;                                      // N

@@ -51,20 +51,32 @@ struct Engine::Impl {
   std::unique_ptr<model::PagedKvCache> cache;
   std::vector<Seq> active;  // in start order
 
-  static model::ModelOptions model_options(const EngineOptions& o) {
+  // Collective: the options are checked on every rank and agreed before the model's EPBuffers
+  // are built, so a bad option on one rank is the same Error on every rank.
+  static model::ModelOptions model_options(Group& g, const EngineOptions& o) {
+    std::string problem;
+    if (o.max_tokens_per_step < 1)
+      problem = fmt::format("EngineOptions::max_tokens_per_step must be >= 1, got {}",
+                            o.max_tokens_per_step);
+    else if (o.max_batch < 1)
+      problem = fmt::format("EngineOptions::max_batch must be >= 1, got {}", o.max_batch);
+    else if (o.kv_pages < 0)
+      problem = fmt::format(
+          "EngineOptions::kv_pages must be >= 0 (0: sized per generate call), "
+          "got {}",
+          o.kv_pages);
+    else if (o.draft_tokens < 0 || o.draft_tokens > 16 || o.draft_tokens >= o.max_tokens_per_step)
+      problem = fmt::format(
+          "EngineOptions::draft_tokens must be in [0, 16] and below max_tokens_per_step {}, got {}",
+          o.max_tokens_per_step, o.draft_tokens);
+    agree_or_throw(g, problem);
     model::ModelOptions m = o.model;
     m.max_tokens_per_step = o.max_tokens_per_step;
     return m;
   }
 
   Impl(std::shared_ptr<const model::ModelWeights> w, Group& g, const EngineOptions& o)
-      : weights(w), group(g), opts(o), model(w, g, model_options(o)) {
-    DI_CHECK(opts.max_batch > 0, "max_batch must be positive, got {}", opts.max_batch);
-    DI_CHECK(opts.kv_pages >= 0, "kv_pages must be >= 0, got {}", opts.kv_pages);
-    DI_CHECK(opts.draft_tokens >= 0 && opts.draft_tokens <= 16 &&
-                 opts.draft_tokens < opts.max_tokens_per_step,
-             "draft tokens must be in [0, 16] and below max_tokens_per_step {}, got {}",
-             opts.max_tokens_per_step, opts.draft_tokens);
+      : weights(w), group(g), opts(o), model(w, g, model_options(g, o)) {
     if (opts.draft_tokens > 0 && !model.has_mtp())
       DI_FAIL(
           "speculative decoding (--speculative mtp) needs the model's MTP module, but the weights "
@@ -87,16 +99,17 @@ struct Engine::Impl {
   }
 
   void start(Request r) {
-    DI_CHECK(cache, "Engine::start needs a KV page pool: set EngineOptions::kv_pages > 0");
+    if (!cache) DI_FAIL("Engine::start needs a KV page pool: set EngineOptions::kv_pages > 0");
     if (auto p = problem_of(r); !p.empty()) DI_FAIL("request {}: {}", r.id, p);
     for (const auto& s : active)
-      DI_CHECK(s.req.id != r.id, "request {} is already running on this rank", r.id);
-    DI_CHECK(int64_t(active.size()) < opts.max_batch,
-             "request {}: {} sequences already in flight (max_batch)", r.id, active.size());
+      if (s.req.id == r.id) DI_FAIL("request {} is already running on this rank", r.id);
+    if (int64_t(active.size()) >= opts.max_batch)
+      DI_FAIL("request {}: {} sequences already in flight (max_batch); wait for one to finish",
+              r.id, active.size());
     const int64_t need = pages_needed(r);
-    DI_CHECK(need <= cache->free_pages(),
-             "request {}: needs {} KV pages, {} free; wait for a sequence to finish", r.id, need,
-             cache->free_pages());
+    if (need > cache->free_pages())
+      DI_FAIL("request {}: needs {} KV pages, {} free; wait for a sequence to finish", r.id, need,
+              cache->free_pages());
     Seq s;
     s.cache_seq = cache->add_sequence();
     cache->reserve(s.cache_seq, need * kernels::kMlaPageSize);

@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "kernels/registry.h"
 #include "model/safetensors.h"
+#include "runtime/requests.h"
 
 namespace deepinfer::runtime {
 namespace {
@@ -88,7 +89,17 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
       log_info("{}", stats.describe());
     else
       log_debug("{}", stats.describe());
-    RankContext ctx{group, model::load_weights(ck, cfg, ld), stats};
+    // A rank's load can fail alone (its experts' tensors are its own): the ranks agree on the
+    // outcome, so every rank throws the same Error before any runs the model.
+    std::shared_ptr<model::ModelWeights> weights;
+    std::string problem;
+    try {
+      weights = model::load_weights(ck, cfg, ld);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    agree_or_throw(group, problem);
+    RankContext ctx{group, std::move(weights), stats};
     fn(ctx);
   });
 }

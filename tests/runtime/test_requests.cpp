@@ -2,15 +2,20 @@
 // agreement on a bad request: every rank ends with the same error, none is left waiting.
 #include <deepinfer/comm.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "model/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
 #include "runtime/requests.h"
@@ -153,6 +158,108 @@ TEST(Engine, ABadRequestOnOneRankIsTheSameErrorOnEveryRank) {
   EXPECT_FALSE(other[1]);
   EXPECT_EQ(errors[0], "rank 1: request 1: top_p must be in (0, 1] (1 = keep every token), got 0");
   EXPECT_EQ(errors[1], errors[0]);
+}
+
+// Options of the Engine wrong on one rank: the same Error on every rank (agreed before the model's
+// EPBuffers are built), never a rank left waiting, never an internal check.
+TEST(Engine, BadOptionsOnOneRankAreTheSameErrorOnEveryRank) {
+  struct Case {
+    const char* name;
+    std::function<void(EngineOptions&)> spoil;
+    std::string want;
+  };
+  const std::vector<Case> cases{
+      {"max_batch 0", [](EngineOptions& o) { o.max_batch = 0; },
+       "rank 1: EngineOptions::max_batch must be >= 1, got 0"},
+      {"kv_pages -1", [](EngineOptions& o) { o.kv_pages = -1; },
+       "rank 1: EngineOptions::kv_pages must be >= 0 (0: sized per generate call), got -1"},
+      {"max_tokens_per_step 0", [](EngineOptions& o) { o.max_tokens_per_step = 0; },
+       "rank 1: EngineOptions::max_tokens_per_step must be >= 1, got 0"},
+  };
+  LaunchModelOptions lo;
+  lo.model_dir = kTiny;
+  lo.ep = 2;
+  run_model_ranks(lo, [&](RankContext& ctx) {
+    for (const Case& k : cases) {
+      EngineOptions eo;
+      if (ctx.group.rank() == 1) k.spoil(eo);
+      std::string error;
+      try {
+        Engine engine(ctx.weights, ctx.group, eo);
+      } catch (const CommTimeout& e) {
+        error = std::string("timeout: ") + e.what();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      EXPECT_EQ(error, k.want) << k.name << " on rank " << ctx.group.rank();
+    }
+    // The group is still in step: nobody is stuck in a constructor's collective.
+    int32_t one = 1;
+    ctx.group.all_reduce(&one, 1, DType::i32, ReduceOp::sum);
+    EXPECT_EQ(one, 2);
+  });
+}
+
+// The step-level API's refusals are the caller's mistakes: Errors, not internal checks.
+TEST(Engine, StartWithoutAPagePoolIsAnError) {
+  LaunchModelOptions lo;
+  lo.model_dir = kTiny;
+  run_model_ranks(lo, [&](RankContext& ctx) {
+    Engine engine(ctx.weights, ctx.group, {});  // kv_pages 0: generate() sizes its own pool
+    Request r;
+    r.prompt = {5, 6, 7};
+    try {
+      engine.start(r);
+      ADD_FAILURE() << "start() without a page pool returned";
+    } catch (const InternalError& e) {
+      ADD_FAILURE() << "an internal check: " << e.what();
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "Engine::start needs a KV page pool: set EngineOptions::kv_pages > 0");
+    }
+  });
+}
+
+// A checkpoint that lacks a tensor only rank 1 loads (one of its experts): every rank stops with
+// that rank's error before any of them runs the model, at once (not at a collective's deadline).
+TEST(Loader, ATensorMissingOnOneRankIsTheSameErrorOnEveryRank) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("deepinfer_load_test_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(kTiny + "/" + f, dir / f, fs::copy_options::overwrite_existing);
+  const std::string missing = "model.layers.2.mlp.experts.12.down_proj.weight";  // rank 1's at EP 2
+  {
+    model::SafetensorsFile tiny(kTiny + "/model.safetensors");
+    std::vector<model::TensorToWrite> keep;
+    for (const auto& [name, t] : tiny.tensors())
+      if (name != missing) keep.push_back({name, t.dtype, t.shape, t.data});
+    model::write_safetensors((dir / "model.safetensors").string(), keep, tiny.metadata());
+  }
+  LaunchModelOptions lo;
+  lo.model_dir = dir.string();
+  lo.ep = 2;
+  std::atomic<int> ran{0};
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    run_model_ranks(lo, [&](RankContext&) { ran += 1; });
+  } catch (const CommTimeout& e) {
+    error = std::string("timeout: ") + e.what();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(error.rfind("rank 1: ", 0), 0u) << error;
+  EXPECT_NE(error.find(missing), std::string::npos) << error;
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_LT(s, 30.0);
+  // At EP 1 the one rank loads every expert: the same tensor, its own message.
+  lo.ep = 1;
+  EXPECT_THROW(run_model_ranks(lo, [&](RankContext&) { ran += 1; }), Error);
+  EXPECT_EQ(ran.load(), 0);
+  fs::remove_all(dir);
 }
 
 }  // namespace

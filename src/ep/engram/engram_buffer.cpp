@@ -81,6 +81,13 @@ EngramBuffer::EngramBuffer(Group& group, const EngramConfig& config)
     err = fmt::format("scale_cols = {} must be >= 1 for fp8", config.scale_cols);
   if (!fp8 && config.scale_cols != 0)
     err = fmt::format("scale_cols = {} must be 0 for bf16", config.scale_cols);
+  // The enums come from the caller as any byte: one outside its values is no table format or path.
+  if (config.dtype != EngramDType::bf16 && !fp8)
+    err = fmt::format("dtype must be bf16 or fp8, got the value {}", int(config.dtype));
+  if (config.algo != EngramAlgo::ag && config.algo != EngramAlgo::a2a &&
+      config.algo != EngramAlgo::direct && config.algo != EngramAlgo::automatic)
+    err = fmt::format("algo must be ag, a2a, direct or automatic, got the value {}",
+                      int(config.algo));
   // One MAX all_reduce of (v, -v) pairs: every rank learns whether any rank is invalid and
   // whether the fields agree.
   const std::array<int64_t, 4> f{config.hidden, int64_t(config.dtype), config.scale_cols,
