@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 HWY_BEFORE_NAMESPACE();
@@ -133,6 +134,31 @@ double peak_gflops(BenchContext& ctx, double (*loop)(int64_t, float*)) {
   return total / s / 1e9;
 }
 
+// One chunk per pool thread.
+int64_t ctx_chunks(const BenchContext& ctx) {
+  return std::max(1, ctx.pool ? ctx.pool->num_threads() : 1);
+}
+
+// GB/s of a pass over `bytes` split into one range per pool thread (bounds multiples of `align`),
+// each range handed to pass(lo, hi, chunk): the median of timed runs after a warm-up.
+double pass_gbps(BenchContext& ctx, size_t bytes, size_t align,
+                 const std::function<void(size_t, size_t, int64_t)>& pass) {
+  const int64_t chunks = ctx_chunks(ctx);
+  const size_t units = bytes / align;
+  auto run = [&] {
+    auto body = [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c)
+        pass(units * size_t(c) / size_t(chunks) * align,
+             c + 1 == chunks ? bytes : units * size_t(c + 1) / size_t(chunks) * align, c);
+    };
+    if (ctx.pool)
+      ctx.pool->parallel_for(chunks, 1, body);
+    else
+      body(0, chunks);
+  };
+  return double(bytes) / ctx.time(run, 7, 0.3) / 1e9;
+}
+
 std::vector<std::pair<std::string, BenchFn>>& bench_registry() {
   static std::vector<std::pair<std::string, BenchFn>> r;
   return r;
@@ -158,22 +184,9 @@ double BenchContext::memcpy_gbps(size_t bytes) {
   auto it = memcpy_cache.find(bytes);
   if (it != memcpy_cache.end()) return it->second;
   std::vector<char> src(bytes, 1), dst(bytes, 0);
-  const int64_t chunks = std::max(1, pool ? pool->num_threads() : 1);
-  auto copy = [&] {
-    auto body = [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        const size_t lo = bytes * size_t(c) / size_t(chunks),
-                     hi = bytes * size_t(c + 1) / size_t(chunks);
-        std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
-      }
-    };
-    if (pool)
-      pool->parallel_for(chunks, 1, body);
-    else
-      body(0, chunks);
-  };
-  const double s = time(copy, 7, 0.3);
-  const double gbps = double(bytes) / s / 1e9;
+  const double gbps = pass_gbps(*this, bytes, 1, [&](size_t lo, size_t hi, int64_t) {
+    std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
+  });
   memcpy_cache[bytes] = gbps;
   return gbps;
 }
@@ -182,23 +195,10 @@ double BenchContext::read_gbps(size_t bytes) {
   if (read_cache.count(bytes)) return read_cache[bytes];
   bytes = (bytes + 255) / 256 * 256;
   std::vector<uint8_t> buf(bytes, 1);  // written once: every page mapped before timing
-  const int64_t chunks = std::max(1, pool ? pool->num_threads() : 1);
-  std::vector<uint64_t> sinks(size_t(chunks) * 8, 0);  // one cache line per chunk
-  auto read = [&] {
-    auto body = [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        const size_t lo = bytes / 256 * size_t(c) / size_t(chunks) * 256,
-                     hi = bytes / 256 * size_t(c + 1) / size_t(chunks) * 256;
-        sinks[size_t(c) * 8] += HWY_DYNAMIC_DISPATCH(ReadLoop)(buf.data() + lo, hi - lo);
-      }
-    };
-    if (pool)
-      pool->parallel_for(chunks, 1, body);
-    else
-      body(0, chunks);
-  };
-  const double s = time(read, 7, 0.3);
-  const double gbps = double(bytes) / s / 1e9;
+  std::vector<uint64_t> sinks(size_t(ctx_chunks(*this)) * 8, 0);  // one cache line per chunk
+  const double gbps = pass_gbps(*this, bytes, 256, [&](size_t lo, size_t hi, int64_t c) {
+    sinks[size_t(c) * 8] += HWY_DYNAMIC_DISPATCH(ReadLoop)(buf.data() + lo, hi - lo);
+  });
   read_cache[bytes] = gbps;
   return gbps;
 }

@@ -306,8 +306,9 @@ DEEPINFER_KERNEL_BENCH(gemm_batch_invariant) {
     }
   const int64_t n = 2048, k = 7168;
   const Weights w = random_weights(n, k, 91);
-  for (int64_t m : ctx.quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 4, 8}) {
-    const Fp8Rows a = random_fp8_activations(m, k, uint64_t(m) + 92);
+  // fp8 at decode M without the decode layout, then (where the CPU runs it) at M > 8 with it.
+  auto fp8_case = [&](int64_t m, const uint8_t* w_decode) {
+    const Fp8Rows a = random_fp8_activations(m, k, uint64_t(m) + (w_decode ? 93 : 92));
     std::vector<bf16> out(size_t(m * n));
     const GemmFp8Params p{.a = a.q.data(),
                           .a_scales = a.scales.data(),
@@ -316,31 +317,21 @@ DEEPINFER_KERNEL_BENCH(gemm_batch_invariant) {
                           .out = out.data(),
                           .m = m,
                           .n = n,
-                          .k = k};
+                          .k = k,
+                          .w_decode = w_decode};
     compare(
-        fmt::format("fp8 no decode layout m={} n={} k={}", m, n, k), [&] { gemm_fp8(p); },
-        [&] { return check_against_host(a, w, m, n, k, out, m, 512); });
-  }
+        fmt::format("fp8 {} m={} n={} k={}", w_decode ? "decode layout" : "no decode layout", m, n,
+                    k),
+        [&] { gemm_fp8(p); }, [&] { return check_against_host(a, w, m, n, k, out, m, 512); });
+  };
+  for (int64_t m : ctx.quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 4, 8})
+    fp8_case(m, nullptr);
   std::vector<uint8_t> w_decode(decode_layout_bytes(n, k));
   if (!w_decode.empty()) {  // the CPU runs the decode layout
     pack_decode_layout(w.q.data(), n, k, w_decode.data());
     for (int64_t m :
-         ctx.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 32, 64, 128, 512}) {
-      const Fp8Rows a = random_fp8_activations(m, k, uint64_t(m) + 93);
-      std::vector<bf16> out(size_t(m * n));
-      const GemmFp8Params p{.a = a.q.data(),
-                            .a_scales = a.scales.data(),
-                            .w = w.q.data(),
-                            .w_scales = w.scales.data(),
-                            .out = out.data(),
-                            .m = m,
-                            .n = n,
-                            .k = k,
-                            .w_decode = w_decode.data()};
-      compare(
-          fmt::format("fp8 decode layout m={} n={} k={}", m, n, k), [&] { gemm_fp8(p); },
-          [&] { return check_against_host(a, w, m, n, k, out, m, 512); });
-    }
+         ctx.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 32, 64, 128, 512})
+      fp8_case(m, w_decode.data());
   }
   return failures;
 }
