@@ -58,9 +58,17 @@ void validate(const GemmFp8GroupedMaskedParams& p) {
 
 void validate(const GemmBf16Params& p) {
   check_sizes("gemm_bf16", p.m, p.n, p.k);
+  DI_CHECK(p.batch >= 0, "gemm_bf16: batch = {} is negative", p.batch);
   check_one_out("gemm_bf16", p.out, p.out_f32);
-  if (p.m * p.k != 0) DI_CHECK(p.a, "gemm_bf16: `a` is null");
-  if (p.n * p.k != 0) DI_CHECK(p.w, "gemm_bf16: `w` is null");
+  if (p.extent_a() != 0) DI_CHECK(p.a, "gemm_bf16: `a` is null");
+  if (p.extent_w() != 0) DI_CHECK(p.w, "gemm_bf16: `w` is null");
+  DI_CHECK(p.lda == 0 || p.lda >= p.k, "gemm_bf16: lda = {} is below k = {}", p.lda, p.k);
+  DI_CHECK(p.ldo == 0 || p.ldo >= p.n, "gemm_bf16: ldo = {} is below n = {}", p.ldo, p.n);
+  DI_CHECK(p.a_batch >= 0 && p.w_batch >= 0 && p.out_batch >= 0,
+           "gemm_bf16: negative problem stride (a {}, w {}, out {})", p.a_batch, p.w_batch,
+           p.out_batch);
+  DI_CHECK(p.batch <= 1 || p.out_batch > 0,
+           "gemm_bf16: {} problems with out_batch = 0 would write the same elements", p.batch);
 }
 
 void gemm_fp8(const GemmFp8Params& p) {

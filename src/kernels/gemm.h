@@ -66,12 +66,32 @@ struct GemmFp8GroupedMaskedParams {
   int64_t num_experts = 0, max_m = 0, n = 0, k = 0;
 };
 
+// out = a·wᵀ, or `batch` independent such problems in one call (e.g. one per attention head, so
+// a decode step dispatches once per layer instead of once per head). Problem b reads
+// a + b·a_batch (rows lda apart), w + b·w_batch ([n, k] contiguous) and writes out + b·out_batch
+// (rows ldo apart); 0 strides mean contiguous (lda = k, ldo = n). Problems must not write the
+// same element. Every problem sums in the order a single call of its shape would.
 struct GemmBf16Params {
   const bf16* a = nullptr;   // [m, k]
   const bf16* w = nullptr;   // [n, k]
   bf16* out = nullptr;       // [m, n] or null
   float* out_f32 = nullptr;  // [m, n] or null
   int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;
+  int64_t lda = 0, ldo = 0;                         // row strides (elements); 0: k, n
+  int64_t a_batch = 0, w_batch = 0, out_batch = 0;  // problem strides (elements)
+  int64_t row_a() const { return lda ? lda : k; }
+  int64_t row_out() const { return ldo ? ldo : n; }
+  // Elements spanned from the base pointer (what a recording must copy).
+  int64_t extent_a() const { return span(a_batch, m, row_a(), k); }
+  int64_t extent_w() const { return span(w_batch, n, k, k); }
+  int64_t extent_out() const { return span(out_batch, m, row_out(), n); }
+
+ private:
+  int64_t span(int64_t bstride, int64_t rows, int64_t ld, int64_t width) const {
+    if (batch == 0 || rows == 0 || width == 0) return 0;
+    return (batch - 1) * bstride + (rows - 1) * ld + width;
+  }
 };
 
 void gemm_fp8(const GemmFp8Params& p);
@@ -155,14 +175,16 @@ template <>
 struct OpSpec<GemmBf16Params> {
   static constexpr const char* name = "gemm_bf16";
   static std::string shape(const GemmBf16Params& p) {
-    return fmt::format("m={} n={} k={}{}", p.m, p.n, p.k, p.out_f32 ? " f32" : "");
+    return fmt::format("m={} n={} k={}{}{}", p.m, p.n, p.k,
+                       p.batch != 1 ? fmt::format(" batch={}", p.batch) : "",
+                       p.out_f32 ? " f32" : "");
   }
   template <class V>
   static void visit(GemmBf16Params& p, V& v) {
-    v.in("a", p.a, p.m * p.k);
-    v.in("w", p.w, p.n * p.k);
-    v.out("out", p.out, p.m * p.n);
-    v.out("out_f32", p.out_f32, p.m * p.n);
+    v.in("a", p.a, p.extent_a());
+    v.in("w", p.w, p.extent_w());
+    v.out("out", p.out, p.extent_out());
+    v.out("out_f32", p.out_f32, p.extent_out());
   }
 };
 

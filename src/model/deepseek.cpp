@@ -310,27 +310,27 @@ struct DeepseekModel::Impl {
       rp.head_stride = row;
       rp.offset = r;
       k::rope(rp);
-      // Absorbed query [T, H, r + dr] = [q_nope·W_UK | q_pe] per head.
+      // Absorbed query [T, H, r + dr] = [q_nope·W_UK | q_pe] per head: one batched GEMM over
+      // the heads, reading q_nope in place and writing into the head's slot.
       bf16* qa_ = qabs.get(T * H * row);
-      bf16* qn = t0.get(T * dn);
-      bf16* qt = t1.get(T * r);
-      for (int64_t hh = 0; hh < H; ++hh) {
-        for (int64_t t = 0; t < T; ++t)
-          std::memcpy(qn + t * dn, qb + (t * H + hh) * qk, size_t(dn) * sizeof(bf16));
+      {
         k::GemmBf16Params gp;
-        gp.a = qn;
-        gp.w = kvb[size_t(li)].w_uk_t.data<bf16>() + hh * r * dn;
-        gp.out = qt;
+        gp.a = qb;
+        gp.w = kvb[size_t(li)].w_uk_t.data<bf16>();
+        gp.out = qa_;
         gp.m = T;
         gp.n = r;
         gp.k = dn;
-        k::gemm_bf16(gp);  // [T, r]
-        for (int64_t t = 0; t < T; ++t) {
-          bf16* dst = qa_ + (t * H + hh) * row;
-          std::memcpy(dst, qt + t * r, size_t(r) * sizeof(bf16));
-          std::memcpy(dst + r, qb + (t * H + hh) * qk + dn, size_t(dr) * sizeof(bf16));
-        }
+        gp.batch = H;
+        gp.lda = H * qk;
+        gp.ldo = H * row;
+        gp.a_batch = qk;
+        gp.w_batch = r * dn;
+        gp.out_batch = row;
+        k::gemm_bf16(gp);  // [T, H, :r]
       }
+      for (int64_t i = 0; i < T * H; ++i)
+        std::memcpy(qa_ + i * row + r, qb + i * qk + dn, size_t(dr) * sizeof(bf16));
       // Write the new latent rows to the cache, then attend chunk by chunk over the cache.
       {
         int64_t t = 0;
@@ -364,23 +364,23 @@ struct DeepseekModel::Impl {
         k::mla_decode(ap);
         t += c.num_tokens;
       }
-      // o_h = W_UV,h · ō_h, heads concatenated [T, H·dv].
+      // o_h = W_UV,h · ō_h, heads concatenated [T, H·dv]: one batched GEMM over the heads.
       bf16* oc = ocat.get(T * H * dv);
-      bf16* on = t0.get(T * r);
-      bf16* ov = t1.get(T * dv);
-      for (int64_t hh = 0; hh < H; ++hh) {
-        for (int64_t tt = 0; tt < T; ++tt)
-          std::memcpy(on + tt * r, ol + (tt * H + hh) * r, size_t(r) * sizeof(bf16));
+      {
         k::GemmBf16Params gp;
-        gp.a = on;
-        gp.w = kvb[size_t(li)].w_bf16.data<bf16>() + (hh * (dn + dv) + dn) * r;
-        gp.out = ov;
+        gp.a = ol;
+        gp.w = kvb[size_t(li)].w_bf16.data<bf16>() + dn * r;
+        gp.out = oc;
         gp.m = T;
         gp.n = dv;
         gp.k = r;
+        gp.batch = H;
+        gp.lda = H * r;
+        gp.ldo = H * dv;
+        gp.a_batch = r;
+        gp.w_batch = (dn + dv) * r;
+        gp.out_batch = dv;
         k::gemm_bf16(gp);
-        for (int64_t tt = 0; tt < T; ++tt)
-          std::memcpy(oc + (tt * H + hh) * dv, ov + tt * dv, size_t(dv) * sizeof(bf16));
       }
       bf16* ao = attn.get(T * hid);
       linear(L.o, Act{oc}, T, ao);

@@ -199,6 +199,33 @@ int run_bench_decode(BenchDecodeCli o) {
     // Bytes read from the checkpoint per rank at load (DEEPINFER_LOAD): the largest over ranks.
     int64_t read_max = int64_t(rc.load.read_bytes());
     rc.group.all_reduce(&read_max, 1, DType::i64, ReduceOp::max);
+    // --profile: the same decode under the profiler. Step until every prefill is done, then
+    // profile the decode steps (every rank steps the same number of times: equal lengths).
+    auto profile_decode = [&](runtime::Engine& e, const std::vector<runtime::Request>& reqs,
+                              const std::string& what) {
+      for (const auto& q : reqs) e.start(q);
+      std::vector<int64_t> emitted(reqs.size(), 0);
+      auto count = [&](const std::vector<runtime::StepEvent>& ev) {
+        for (const auto& x : ev) ++emitted[size_t(x.id)];
+      };
+      while (*std::min_element(emitted.begin(), emitted.end()) == 0) count(e.step());
+      kernels::Profiler prof;
+      int64_t steps = 0;
+      double seconds = 0;
+      {
+        kernels::ScopedProfiler use(&prof);
+        while (e.num_active() > 0) {
+          const auto t0 = std::chrono::steady_clock::now();
+          count(e.step());
+          seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          ++steps;
+        }
+      }
+      std::lock_guard lock(print_mutex);
+      std::printf("# %s %s, rank %d of %d\n%s", tag.c_str(), what.c_str(), rc.group.rank(),
+                  rc.group.size(), prof.table(steps, seconds).c_str());
+      std::fflush(stdout);
+    };
     for (const int64_t B : o.batch) {
       // B sequences decode together: a short prompt each, then decode_tokens greedy steps.
       const auto reqs =
@@ -217,33 +244,7 @@ int run_bench_decode(BenchDecodeCli o) {
       for (auto& q : recorded) q.record = true;
       const double distinct =
           distinct_experts_per_step(engine.generate(recorded), kDecodePrompt, o.decode_tokens);
-      if (o.profile) {
-        // The same decode under the profiler: step until every prefill is done, then profile the
-        // decode steps (every rank steps the same number of times: equal lengths everywhere).
-        for (const auto& q : reqs) engine.start(q);
-        std::vector<int64_t> emitted(size_t(B), 0);
-        auto count = [&](const std::vector<runtime::StepEvent>& ev) {
-          for (const auto& e : ev) ++emitted[size_t(e.id)];
-        };
-        while (*std::min_element(emitted.begin(), emitted.end()) == 0) count(engine.step());
-        kernels::Profiler prof;
-        int64_t steps = 0;
-        double seconds = 0;
-        {
-          kernels::ScopedProfiler use(&prof);
-          while (engine.num_active() > 0) {
-            const auto t0 = std::chrono::steady_clock::now();
-            count(engine.step());
-            seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            ++steps;
-          }
-        }
-        std::lock_guard lock(print_mutex);
-        std::printf("# %s decode batch %lld, rank %d of %d\n%s", tag.c_str(),
-                    static_cast<long long>(B), rc.group.rank(), rc.group.size(),
-                    prof.table(steps, seconds).c_str());
-        std::fflush(stdout);
-      }
+      if (o.profile) profile_decode(engine, reqs, fmt::format("decode batch {}", B));
       if (!lead) continue;
       std::sort(tok_s.begin(), tok_s.end());
       const double tps = tok_s[tok_s.size() / 2], step_s = double(B) / tps;
@@ -302,6 +303,14 @@ int run_bench_decode(BenchDecodeCli o) {
       for (int r = 0; r < o.reps + 1; ++r) {
         decode(engine, r, plain_s, plain_tokens, nullptr);
         decode(spec_engine, r, spec_s, spec_tokens, &spec_sum);
+      }
+      if (o.profile) {
+        runtime::Request q;
+        q.prompt = decode_prompt;
+        q.max_new_tokens = o.decode_tokens + 1;
+        profile_decode(
+            spec_engine, {q},
+            fmt::format("decode batch 1 speculative mtp k={}", o.speculative.draft_tokens));
       }
       DI_CHECK(spec_tokens == plain_tokens,
                "speculative decode generated other tokens than plain greedy decode");

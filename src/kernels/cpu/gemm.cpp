@@ -59,10 +59,11 @@ void DecodeRow(const void* src, float* HWY_RESTRICT dst, int64_t n) {
 }
 
 void Store(const GemmArgs& g, int64_t r, int64_t j, float v) {
+  const int64_t i = r * (g.ldo ? g.ldo : g.n) + j;
   if (g.out)
-    g.out[r * g.n + j] = f32_to_bf16(v);
+    g.out[i] = f32_to_bf16(v);
   else
-    g.out_f32[r * g.n + j] = v;
+    g.out_f32[i] = v;
 }
 
 // ---- small M: stream the weights once ---------------------------------------------------------
@@ -113,6 +114,29 @@ void SmallMRange(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, in
   }
 }
 
+// SmallMRange for g.m (1..kSmallM) rows.
+template <bool kBf16>
+void SmallMRows(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
+  switch (g.m) {
+    case 1:
+      return SmallMRange<1, kBf16>(g, af, j0, j1);
+    case 2:
+      return SmallMRange<2, kBf16>(g, af, j0, j1);
+    case 3:
+      return SmallMRange<3, kBf16>(g, af, j0, j1);
+    case 4:
+      return SmallMRange<4, kBf16>(g, af, j0, j1);
+    case 5:
+      return SmallMRange<5, kBf16>(g, af, j0, j1);
+    case 6:
+      return SmallMRange<6, kBf16>(g, af, j0, j1);
+    case 7:
+      return SmallMRange<7, kBf16>(g, af, j0, j1);
+    default:
+      return SmallMRange<8, kBf16>(g, af, j0, j1);
+  }
+}
+
 template <bool kBf16>
 void SmallM(const GemmArgs& g) {
   const DF df;
@@ -120,34 +144,7 @@ void SmallM(const GemmArgs& g) {
   // Activations decoded once, padded by one vector so K-edge loads stay in bounds.
   std::vector<float> af(size_t(g.m * g.k + L), 0.0f);
   DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
-  auto body = [&](int64_t j0, int64_t j1) {
-    switch (g.m) {
-      case 1:
-        SmallMRange<1, kBf16>(g, af.data(), j0, j1);
-        break;
-      case 2:
-        SmallMRange<2, kBf16>(g, af.data(), j0, j1);
-        break;
-      case 3:
-        SmallMRange<3, kBf16>(g, af.data(), j0, j1);
-        break;
-      case 4:
-        SmallMRange<4, kBf16>(g, af.data(), j0, j1);
-        break;
-      case 5:
-        SmallMRange<5, kBf16>(g, af.data(), j0, j1);
-        break;
-      case 6:
-        SmallMRange<6, kBf16>(g, af.data(), j0, j1);
-        break;
-      case 7:
-        SmallMRange<7, kBf16>(g, af.data(), j0, j1);
-        break;
-      default:
-        SmallMRange<8, kBf16>(g, af.data(), j0, j1);
-        break;
-    }
-  };
+  auto body = [&](int64_t j0, int64_t j1) { SmallMRows<kBf16>(g, af.data(), j0, j1); };
   // Enough columns per task to amortise the dispatch; ~4 tasks per thread for balance.
   const int64_t threads = kernel_pool().num_threads();
   const int64_t grain = std::max<int64_t>(16, g.n / (4 * threads));
@@ -177,34 +174,46 @@ void SmallMAll(const GemmArgs& g) {
       if (g.out_f32) s.out_f32 = g.out_f32 + r0 * g.n;
       if (g.a_scales) s.a_scales = g.a_scales + r0 * kbs;
       const float* a = af.data() + r0 * g.k;
-      switch (s.m) {
-        case 1:
-          SmallMRange<1, kBf16>(s, a, j0, j1);
-          break;
-        case 2:
-          SmallMRange<2, kBf16>(s, a, j0, j1);
-          break;
-        case 3:
-          SmallMRange<3, kBf16>(s, a, j0, j1);
-          break;
-        case 4:
-          SmallMRange<4, kBf16>(s, a, j0, j1);
-          break;
-        case 5:
-          SmallMRange<5, kBf16>(s, a, j0, j1);
-          break;
-        case 6:
-          SmallMRange<6, kBf16>(s, a, j0, j1);
-          break;
-        case 7:
-          SmallMRange<7, kBf16>(s, a, j0, j1);
-          break;
-        default:
-          SmallMRange<8, kBf16>(s, a, j0, j1);
-          break;
-      }
+      SmallMRows<kBf16>(s, a, j0, j1);
     }
   });
+}
+
+// Several bf16 problems (GemmBf16Params::batch, strided) in the small-M order, every problem's
+// (row chunk, column range) tasks in one pool dispatch: the per-head GEMMs of a decode step wake
+// the pool once. False, doing nothing, where a single call of the shape would take another kernel
+// (M > kSmallM outside the invariant mode, or k = 0): the caller runs the problems one by one.
+bool GemmBf16Batched(const GemmBf16Params& p) {
+  if ((p.m > kSmallM && !small_m_invariant()) || p.k == 0) return false;
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return true;
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), K = p.k, lda = p.row_a();
+  std::vector<float> af(size_t(p.batch * p.m * K + L), 0.0f);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t r = 0; r < p.m; ++r)
+      DecodeRow<true>(p.a + b * p.a_batch + r * lda, af.data() + (b * p.m + r) * K, K);
+  const int64_t chunks = (p.m + kSmallM - 1) / kSmallM;
+  const int64_t threads = kernel_pool().num_threads();
+  const int64_t grain = std::max<int64_t>(16, p.n / (4 * threads));
+  const int64_t col_tasks = (p.n + grain - 1) / grain, per_problem = chunks * col_tasks;
+  const int64_t ldo = p.row_out();
+  kernel_pool().parallel_for(p.batch * per_problem, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / per_problem, rem = i % per_problem;
+      const int64_t r0 = (rem / col_tasks) * kSmallM, j0 = (rem % col_tasks) * grain;
+      GemmArgs s{};
+      s.w = p.w + b * p.w_batch;
+      s.out = p.out ? p.out + b * p.out_batch + r0 * ldo : nullptr;
+      s.out_f32 = p.out_f32 ? p.out_f32 + b * p.out_batch + r0 * ldo : nullptr;
+      s.m = std::min(kSmallM, p.m - r0);
+      s.n = p.n;
+      s.k = K;
+      s.bf16_inputs = true;
+      s.ldo = ldo;
+      SmallMRows<true>(s, af.data() + (b * p.m + r0) * K, j0, std::min(p.n, j0 + grain));
+    }
+  });
+  return true;
 }
 
 // ---- large M: packed panels and an MR×NR microkernel -------------------------------------------
@@ -403,6 +412,7 @@ HWY_AFTER_NAMESPACE();
 namespace deepinfer::kernels::cpu {
 
 HWY_EXPORT(Gemm);
+HWY_EXPORT(GemmBf16Batched);
 
 namespace {
 void run(const GemmArgs& g) { HWY_DYNAMIC_DISPATCH(Gemm)(g); }
@@ -445,7 +455,26 @@ void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p) {
 }
 
 void gemm_bf16(const GemmBf16Params& p) {
-  run({p.a, nullptr, p.w, nullptr, p.out, p.out_f32, p.m, p.n, p.k, true});
+  if (p.batch == 1 && p.row_a() == p.k && p.row_out() == p.n) {
+    run({p.a, nullptr, p.w, nullptr, p.out, p.out_f32, p.m, p.n, p.k, true});
+    return;
+  }
+  if (HWY_DYNAMIC_DISPATCH(GemmBf16Batched)(p)) return;
+  // One problem at a time through contiguous copies (prefill shapes: the copies are cheap there).
+  std::vector<bf16> a(size_t(p.m * p.k)), out(p.out ? size_t(p.m * p.n) : 0);
+  std::vector<float> out_f32(p.out_f32 ? size_t(p.m * p.n) : 0);
+  const int64_t lda = p.row_a(), ldo = p.row_out();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t r = 0; r < p.m; ++r)
+      std::copy_n(p.a + b * p.a_batch + r * lda, p.k, a.begin() + r * p.k);
+    run({a.data(), nullptr, p.w + b * p.w_batch, nullptr, p.out ? out.data() : nullptr,
+         p.out_f32 ? out_f32.data() : nullptr, p.m, p.n, p.k, true});
+    for (int64_t r = 0; r < p.m; ++r) {
+      if (p.out) std::copy_n(out.begin() + r * p.n, p.n, p.out + b * p.out_batch + r * ldo);
+      if (p.out_f32)
+        std::copy_n(out_f32.begin() + r * p.n, p.n, p.out_f32 + b * p.out_batch + r * ldo);
+    }
+  }
 }
 
 }  // namespace deepinfer::kernels::cpu

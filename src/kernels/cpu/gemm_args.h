@@ -17,6 +17,7 @@ struct GemmArgs {
   int64_t m, n, k;
   bool bf16_inputs;
   const uint8_t* w_decode = nullptr;  // w in the decode layout, or null
+  int64_t ldo = 0;                    // output row stride (0: n); the small-M kernels only
 };
 constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
 

@@ -76,15 +76,22 @@ void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p) {
 
 void gemm_bf16(const GemmBf16Params& p) {
   std::vector<float> wf(size_t(p.k));
-  for (int64_t j = 0; j < p.n; ++j) {
-    for (int64_t kk = 0; kk < p.k; ++kk) wf[size_t(kk)] = bf16_to_f32(p.w[j * p.k + kk]);
-    for (int64_t r = 0; r < p.m; ++r) {
-      // bf16×bf16 products are exact in double; the dot product is summed in double and rounded
-      // once to fp32, as the PyTorch reference does (tools/reference/NUMERICS.md, bf16 mode).
-      double acc = 0.0;
-      for (int64_t kk = 0; kk < p.k; ++kk)
-        acc += double(bf16_to_f32(p.a[r * p.k + kk])) * double(wf[size_t(kk)]);
-      store(p.out, p.out_f32, r * p.n + j, float(acc));
+  const int64_t lda = p.row_a(), ldo = p.row_out();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const bf16* a = p.a + b * p.a_batch;
+    const bf16* w = p.w + b * p.w_batch;
+    bf16* out = p.out ? p.out + b * p.out_batch : nullptr;
+    float* out_f32 = p.out_f32 ? p.out_f32 + b * p.out_batch : nullptr;
+    for (int64_t j = 0; j < p.n; ++j) {
+      for (int64_t kk = 0; kk < p.k; ++kk) wf[size_t(kk)] = bf16_to_f32(w[j * p.k + kk]);
+      for (int64_t r = 0; r < p.m; ++r) {
+        // bf16×bf16 products are exact in double; the dot product is summed in double and
+        // rounded once to fp32, as the PyTorch reference does (tools/reference/NUMERICS.md).
+        double acc = 0.0;
+        for (int64_t kk = 0; kk < p.k; ++kk)
+          acc += double(bf16_to_f32(a[r * lda + kk])) * double(wf[size_t(kk)]);
+        store(out, out_f32, r * ldo + j, float(acc));
+      }
     }
   }
 }

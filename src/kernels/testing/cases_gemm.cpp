@@ -101,11 +101,13 @@ CaseResult run_masked(std::vector<int32_t> masked_m, int64_t max_m, int64_t n, i
   return compare_backends(gemm_fp8_grouped_masked, p, kBf16Out);
 }
 
-CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed) {
-  const std::vector<bf16> a = random_bf16(m * k, seed, -2.0f, 2.0f);
-  const std::vector<bf16> w = random_bf16(n * k, seed + 1, -0.1f, 0.1f);
-  std::vector<bf16> out(buffer_size(m * n));
-  std::vector<float> out_f32(buffer_size(m * n));
+// batch > 1: the attention-head layout, a [m, batch, k], w [batch, n, k], out [m, batch, n].
+CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed,
+                    int64_t batch = 1) {
+  const std::vector<bf16> a = random_bf16(m * batch * k, seed, -2.0f, 2.0f);
+  const std::vector<bf16> w = random_bf16(batch * n * k, seed + 1, -0.1f, 0.1f);
+  std::vector<bf16> out(buffer_size(m * batch * n));
+  std::vector<float> out_f32(buffer_size(m * batch * n));
   GemmBf16Params p{.a = a.data(),
                    .w = w.data(),
                    .out = f32_out ? nullptr : out.data(),
@@ -113,6 +115,14 @@ CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed
                    .m = m,
                    .n = n,
                    .k = k};
+  if (batch != 1) {
+    p.batch = batch;
+    p.lda = batch * k;
+    p.ldo = batch * n;
+    p.a_batch = k;
+    p.w_batch = n * k;
+    p.out_batch = n;
+  }
   const CaseResult r = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
   if (!r.pass) return r;
   cpu::set_decode_gemm(cpu::DecodeGemm::invariant);  // the batch-invariant order
@@ -203,6 +213,20 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
     cases.push_back(
         {"gemm_bf16", fmt::format("m={} n={} k={}{}", d.m, d.n, d.k, d.f32 ? " f32" : ""), d.quick,
          [d] { return run_bf16(d.m, d.n, d.k, d.f32, uint64_t(d.m * 17 + d.n + d.k)); }});
+  // Batched over heads (absorbed MLA: one call per layer), including M > kSmallM (one problem at
+  // a time outside the invariant mode) and an empty batch.
+  struct Bf16Batch {
+    int64_t batch, m, n, k;
+    bool f32;
+  };
+  const Bf16Batch bb[] = {
+      {4, 1, 128, 64, false}, {16, 3, 32, 128, false}, {3, 9, 40, 64, true}, {0, 2, 16, 16, false}};
+  for (const auto& d : bb)
+    cases.push_back(
+        {"gemm_bf16",
+         fmt::format("batch={} m={} n={} k={}{}", d.batch, d.m, d.n, d.k, d.f32 ? " f32" : ""),
+         true,
+         [d] { return run_bf16(d.m, d.n, d.k, d.f32, uint64_t(d.batch * 31 + d.n), d.batch); }});
 }
 
 }  // namespace deepinfer::kernels::testing
