@@ -587,14 +587,31 @@ struct DeepseekModel::Impl {
         std::memcpy(g + i * hid, hb + rows[size_t(i)] * hid, size_t(hid) * sizeof(bf16));
       bf16* gn = head_in.get(R * hid);
       rms_norm(g, norm, R, hid, gn);
-      k::GemmBf16Params gp;
-      gp.a = gn;
-      gp.w = lm.w_bf16;
-      gp.out_f32 = out.logits.data<float>();
-      gp.m = R;
-      gp.n = V;
-      gp.k = hid;
-      k::gemm_bf16(gp);  // [R, V] f32 logits
+      if (lm.fp8()) {  // LoadOptions::fp8_head
+        fp8_e4m3* q = tq.get(R * hid);
+        float* s = ts.get(R * k::num_blocks(hid));
+        quantize(gn, R, hid, q, s);
+        k::GemmFp8Params p;
+        p.a = q;
+        p.a_scales = s;
+        p.w = lm.w_fp8;
+        p.w_scales = lm.w_scale;
+        p.w_decode = lm.w_decode;
+        p.out_f32 = out.logits.data<float>();
+        p.m = R;
+        p.n = V;
+        p.k = hid;
+        k::gemm_fp8(p);  // [R, V] f32 logits
+      } else {
+        k::GemmBf16Params gp;
+        gp.a = gn;
+        gp.w = lm.w_bf16;
+        gp.out_f32 = out.logits.data<float>();
+        gp.m = R;
+        gp.n = V;
+        gp.k = hid;
+        k::gemm_bf16(gp);  // [R, V] f32 logits
+      }
     }
   }
 

@@ -175,15 +175,23 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
   const auto& embed = ck.get("model.embed_tokens.weight", DType::bf16, {cfg.vocab_size, h});
   mw->embed = embed.as<bf16>();
   mw->final_norm = ld.norm("model.norm.weight", h);
-  {
-    const std::string head =
-        ck.has("lm_head.weight") || !cfg.tie_word_embeddings ? "lm_head" : "model.embed_tokens";
-    const auto& t = ck.get(head + ".weight", DType::bf16, {cfg.vocab_size, h});
-    mw->lm_head.name = head;
-    mw->lm_head.out = cfg.vocab_size;
-    mw->lm_head.in = h;
-    mw->lm_head.w_bf16 = t.as<bf16>();
-  }
+  DI_CHECK(!opts.fp8_head || opts.gemm == GemmMode::fp8,
+           "an FP8 LM head (--head fp8) needs FP8 GEMMs; drop --head fp8 or --gemm bf16");
+  // An LM head [vocab, hidden]: BF16 as checkpoints ship it, or quantized (LoadOptions::fp8_head).
+  auto head = [&](const std::string& name) {
+    Linear l;
+    l.name = name;
+    l.out = cfg.vocab_size;
+    l.in = h;
+    l.w_bf16 = ck.get(name + ".weight", DType::bf16, {cfg.vocab_size, h}).as<bf16>();
+    if (opts.fp8_head) {
+      quantize_linear_fp8(l);
+      if (opts.decode_layout) Loader::attach_decode_layout(l);
+    }
+    return l;
+  };
+  mw->lm_head =
+      head(ck.has("lm_head.weight") || !cfg.tie_word_embeddings ? "lm_head" : "model.embed_tokens");
   // MTP: module 0's block loads as one more layer (rank-sharded experts like the others).
   const std::string mtp0 = fmt::format("model.layers.{}", cfg.num_hidden_layers);
   if (opts.mtp && (cfg.num_nextn_predict_layers < 1 || !ck.has(mtp0 + ".eh_proj.weight")))
@@ -248,11 +256,8 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     m.hnorm = ld.norm(mtp0 + ".hnorm.weight", h);
     m.eh_proj = ld.linear(mtp0 + ".eh_proj", h, 2 * h);
     m.head_norm = ld.norm(mtp0 + ".shared_head.norm.weight", h);
-    m.head = mw->lm_head;
-    if (ck.has(mtp0 + ".shared_head.head.weight")) {
-      m.head.name = mtp0 + ".shared_head.head";
-      m.head.w_bf16 = ck.get(m.head.name + ".weight", DType::bf16, {cfg.vocab_size, h}).as<bf16>();
-    }
+    m.head =
+        ck.has(mtp0 + ".shared_head.head.weight") ? head(mtp0 + ".shared_head.head") : mw->lm_head;
     mw->mtp.push_back(std::move(m));
   }
   mw->loaded_bytes = ld.loaded();

@@ -79,6 +79,8 @@ struct LoadOptions {
   bool decode_layout =
       false;         // fp8 linears also get the cpu decode layout (DEEPINFER_DECODE_LAYOUT)
   bool mtp = false;  // also load the first MTP module (speculative decoding); an Error without one
+  bool fp8_head = false;  // the LM head(s) as FP8 128×128 blocks too (opt-in: checkpoints ship
+                          // them BF16; accuracy in docs/performance.md §8)
 };
 
 struct ModelWeights {

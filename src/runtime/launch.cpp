@@ -76,6 +76,7 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
     ld.gemm = opts.gemm;
     ld.quantize_fp8 = opts.quantize_fp8;
     ld.mtp = opts.mtp;
+    ld.fp8_head = opts.fp8_head;
     ld.decode_layout = knobs().decode_layout && kernels::backend_from_knobs() == KernelBackend::cpu;
     ld.progress = opts.progress && group.rank() == 0 && isatty(STDERR_FILENO);
     // The routed experts this rank reads (load_weights' split), and the replicated tensors.

@@ -25,6 +25,7 @@ struct LaunchModelOptions {
   bool quantize_fp8 = false;
   bool progress = false;  // rank 0 progress bar while weights load (on a terminal)
   bool mtp = false;       // also load the MTP module (speculative decoding; LoadOptions::mtp)
+  bool fp8_head = false;  // LoadOptions::fp8_head
   std::string world_option = "--ep";  // how the user sets `ep`, for messages
 };
 

@@ -56,6 +56,7 @@ struct BenchDecodeCli {
   bool profile = false;
   std::string prompt;  // decode prompt text ("" = 16 seeded random ids)
   SpeculativeOptions speculative;
+  HeadOption head;
 };
 
 // Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
@@ -147,6 +148,7 @@ int run_bench_decode(BenchDecodeCli o) {
   lo.quantize_fp8 = o.quantize == "fp8";
   std::mutex print_mutex;
   lo.mtp = o.speculative.on();
+  lo.fp8_head = o.head.fp8();
   runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
     runtime::EngineOptions eo;
     eo.model = model::ModelOptions::from_knobs();
@@ -159,8 +161,9 @@ int run_bench_decode(BenchDecodeCli o) {
                         1, std::max(o.prompt_tokens, kDecodePrompt), o.decode_tokens + 1, V, 0)[0]);
     runtime::Engine engine(rc.weights, rc.group, eo);
     const bool lead = rc.group.rank() == 0;
-    const std::string tag = fmt::format("{} ep={} threads={}{}", name, o.ep, o.threads,
-                                        lo.quantize_fp8 ? " quantize=fp8" : "");
+    const std::string tag =
+        fmt::format("{} ep={} threads={}{}{}", name, o.ep, o.threads,
+                    lo.quantize_fp8 ? " quantize=fp8" : "", lo.fp8_head ? " head=fp8" : "");
     // Prefill: one prompt_tokens prompt per rank, one generated token; the first run warms up.
     std::vector<double> pre;
     const runtime::Request pre_req = decode_requests(1, o.prompt_tokens, 1, V, 7)[0];
@@ -378,6 +381,7 @@ DEEPINFER_COMMAND(
                      "Decode prompt text, tokenized with the model's tokenizer (default: 16 random "
                      "token ids)");
       o->speculative.add_to(app);
+      o->head.add_to(app);
       return [o] { return run_bench_decode(*o); };
     });
 

@@ -52,6 +52,7 @@ struct CheckE2eCli {
   std::string expect_hash;
   bool verbose = false;
   SpeculativeOptions speculative;
+  HeadOption head;
 };
 
 // One verify step of the reference's speculative trace (golden "speculative"/k "steps").
@@ -262,6 +263,7 @@ int run_check_e2e(const CheckE2eCli& o) {
   lo.ep = o.ep;
   lo.comm = comm;
   lo.mtp = o.speculative.on();
+  lo.fp8_head = o.head.fp8();
   std::vector<runtime::RequestResult> results;
   bool printer = false;
   runtime::run_model_ranks(lo, [&](runtime::RankContext& ctx) {
@@ -449,6 +451,7 @@ DEEPINFER_COMMAND(
       app.add_option("--expect-hash", o->expect_hash, "Fail unless the logits hash equals this");
       app.add_flag("--verbose", o->verbose, "Per-prompt error figures");
       o->speculative.add_to(app);
+      o->head.add_to(app);
       return [o] { return run_check_e2e(*o); };
     });
 

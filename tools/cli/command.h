@@ -18,6 +18,13 @@ namespace deepinfer::cli {
 
 // Runs a check suite on every rank of `lo` and prints rank 0's `NAME: N passed, M failed` line
 // (the check commands' common tail). Result has `passed` and `failed`. Exit code 1 on a failure.
+// --head bf16|fp8: the LM head's precision (LoadOptions::fp8_head).
+struct HeadOption {
+  std::string precision = "bf16";
+  void add_to(CLI::App& app);
+  bool fp8() const { return precision == "fp8"; }
+};
+
 template <class Result>
 int run_check_suite(const LaunchOptions& lo, const char* name,
                     const std::function<Result(Group&)>& suite);

@@ -50,6 +50,7 @@ struct GenerateCli {
   int64_t max_tokens_per_step = 256;
   bool ignore_eos = false;
   SpeculativeOptions speculative;
+  HeadOption head;
 };
 
 const runtime::SamplingNames kSamplingNames{"--temperature", "--top-k", "--top-p"};
@@ -145,6 +146,7 @@ int run_generate(const GenerateCli& o) {
   lo.quantize_fp8 = o.quantize == "fp8";
   lo.progress = true;
   lo.mtp = o.speculative.on();
+  lo.fp8_head = o.head.fp8();
   const bool stream = prompts.size() == 1;
   int64_t prompt_tokens = 0;
   for (const auto& v : pre.ids) prompt_tokens += int64_t(v.size());
@@ -283,6 +285,7 @@ DEEPINFER_COMMAND(
           ->check(integer_in(1, int64_t(1) << 20));
       app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
       o->speculative.add_to(app);
+      o->head.add_to(app);
       return [o] { return run_generate(*o); };
     });
 

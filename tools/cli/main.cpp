@@ -73,6 +73,13 @@ void SpeculativeOptions::add_to(CLI::App& app) {
       ->needs(spec);
 }
 
+void HeadOption::add_to(CLI::App& app) {
+  app.add_option("--head", precision,
+                 "LM head precision: bf16 (default, as checkpoints ship it) or fp8 (128x128 "
+                 "blocks: half the head's bytes per token, logits change; docs/performance.md §8)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
+}
+
 CommKind resolve_comm(const std::string& typed) {
   std::optional<CommKind> option, env;
   if (!typed.empty()) option = typed == "mpi" ? CommKind::mpi : CommKind::local;

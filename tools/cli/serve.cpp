@@ -50,6 +50,7 @@ struct ServeCli {
   std::string gemm = "fp8";
   std::string quantize;
   SpeculativeOptions speculative;
+  HeadOption head;
 };
 
 // Under a launcher, how much of its SIGTERM-to-SIGKILL grace the requests in flight may use: the
@@ -177,6 +178,7 @@ int run_serve(const ServeCli& o) {
   so.kv_pages = o.kv_pages;
   so.max_tokens_per_step = o.max_tokens_per_step;
   so.launch.mtp = o.speculative.on();
+  so.launch.fp8_head = o.head.fp8();
   so.draft_tokens = o.speculative.engine_draft_tokens();
   std::signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails instead
   SignalWatch signals;
@@ -245,6 +247,7 @@ DEEPINFER_COMMAND(
                      "fp8: quantize BF16 weights to FP8 128x128 at load (for --gemm fp8)")
           ->check(CLI::IsMember({"fp8"}));
       o->speculative.add_to(app);
+      o->head.add_to(app);
       return [o] { return run_serve(*o); };
     });
 
