@@ -123,7 +123,34 @@ float engram_gate_value(float raw, float rstd_x, float rstd_k, int64_t dim, floa
   return 1.0f / (1.0f + std::exp(-a));
 }
 
+void EngramConvNormParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && hc >= 1 && dim >= 1, "engram_conv_norm: bad shape n={} hc={} d={}",
+           num_tokens, hc, dim);
+  DI_CHECK(num_tokens == 0 || (v && gate && w && out),
+           "engram_conv_norm: v, gate, w and out must be set");
+  DI_CHECK(eps >= 0 && std::isfinite(eps), "engram_conv_norm: eps ({}) must be finite and >= 0",
+           eps);
+}
+
+void EngramShortConvParams::validate() const {
+  DI_CHECK(num_tokens >= 0 && num_rows >= 0 && channels >= 1 && kernel_size >= 1,
+           "engram_short_conv: bad shape n={} rows={} c={} k={}", num_tokens, num_rows, channels,
+           kernel_size);
+  DI_CHECK(num_tokens == 0 || (taps && w && out && (x || num_rows == 0)),
+           "engram_short_conv: x, taps, w and out must be set");
+  for (int64_t i = 0; i < num_tokens * kernel_size; ++i)
+    DI_CHECK(taps[i] >= -1 && taps[i] < num_rows,
+             "engram_short_conv: token {} tap {} reads row {} of {} (need -1 or a row)",
+             i / kernel_size, i % kernel_size, taps[i], num_rows);
+}
+
 void engram_hash(const EngramHashParams& p) { dispatch(p, host::engram_hash, cpu::engram_hash); }
+void engram_conv_norm(const EngramConvNormParams& p) {
+  dispatch(p, host::engram_conv_norm, cpu::engram_conv_norm);
+}
+void engram_short_conv(const EngramShortConvParams& p) {
+  dispatch(p, host::engram_short_conv, cpu::engram_short_conv);
+}
 void engram_gate(const EngramGateParams& p) { dispatch(p, host::engram_gate, cpu::engram_gate); }
 
 }  // namespace deepinfer::kernels
