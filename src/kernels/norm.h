@@ -47,7 +47,7 @@ struct ResidualAddParams {
 };
 
 // out[t, j] = bf16(x[t, j] + bias[j]): a linear's bias on its fp32 GEMM output, one rounding
-// (the Engram projections, docs/kernels.md §1.3).
+// (the Engram projections, docs/kernels.md §1.6).
 struct BiasAddParams {
   const float* x = nullptr;    // [rows, cols] f32
   const bf16* bias = nullptr;  // [cols] bf16
