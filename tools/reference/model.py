@@ -159,11 +159,11 @@ _STRIP = regex.compile(r"^\p{White_Space}+|\p{White_Space}+$")
 
 
 def compression_normalize(text):
-    """The demo's key normalizer: NFKC, NFD, drop nonspacing marks (category Mn), lowercase (per
-    character), every run of space/tab/CR/LF -> one space, a string that is exactly one space is
+    """The demo's key normalizer (HF tokenizers' chain): NFKC, NFD, drop every mark (general category
+    M: Mn, Mc, Me, as HF's StripAccents does), lowercase (per character), every run of space/tab/CR/LF -> one space, a string that is exactly one space is
     protected, strip Unicode White_Space at both ends, un-protect."""
     s = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text))
-    s = "".join(ch.lower() for ch in s if unicodedata.category(ch) != "Mn")
+    s = "".join(ch.lower() for ch in s if not unicodedata.category(ch).startswith("M"))
     s = _WS_RUN.sub(" ", s)
     if s == " ":
         s = _SENTINEL

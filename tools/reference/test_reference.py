@@ -313,9 +313,10 @@ def test_sinkhorn():
 def test_compression():
     cases = {"Café": "cafe", "ÉCOLE  Normale": "ecole normale", "  Hello\t\n World  ": "hello world",
              " ": " ", "\n": " ", "\t\r\n ": " ", "\u00a0": " ", "ﬁne": "fine", "Ｆｕｌｌ": "full",
-             "e\u0301": "e", "Zürich": "zurich", "\x0b": "", "": "", "A\u3000B": "a b"}
+             "e\u0301": "e", "Zürich": "zurich", "\x0b": "", "": "", "A\u3000B": "a b",
+             "\u0915\u093f": "\u0915", "o\u20dd": "o", "ΑΣ": "ασ", "x\x1c": "x\x1c"}  # Mc, Me, no final sigma
     got = {t: compression_normalize(t) for t in cases}
-    check("compression normalizer: NFKC, NFD, drop Mn, lower, whitespace runs, lone space kept",
+    check("compression normalizer: NFKC, NFD, drop marks, per-char lower, whitespace runs, lone space kept",
           got == cases, "; ".join(f"{t!r} -> {got[t]!r} (want {w!r})" for t, w in cases.items() if got[t] != w))
     # byte-level vocabulary: 'Ġ' = space, 'Ċ' = LF, 'Ã'/'©' = the bytes C3/A9 (lone: incomplete UTF-8)
     vocab = {"Hello": 0, "hello": 1, "Ġhello": 2, "Ã": 3, "©": 4, "Ġ": 5, "Ċ": 6, "ĠĠ": 7, "Ã©": 8, "e": 9,
@@ -431,10 +432,37 @@ def test_engram_block():
           m2.engram_hash[1][0] == [3, 5, 7] and "odd" in err, err[:80])
 
 
+def test_engram_model(model_dir):
+    """A trained Engram/mHC checkpoint: the reference's fp8 forward against the training code's fp32
+    forward of the same exported weights (F.conv1d, einsum mHC), and what the ablations change."""
+    import train_tiny
+    m = Model.load(model_dir)
+    tok = Tokenizer.load(os.path.join(model_dir, "tokenizer.json"))
+    tm = train_tiny.TinyDeepseek(m.cfg, m.compression)
+    train_tiny.load_exported(tm, model_dir)
+    tm.eval()
+    ids = tok.encode("Redistribution and use in source and binary forms, with or without modification, are", add_bos=True)
+    logits, _ = m.forward(ids)
+    with torch.no_grad():
+        want = tm(torch.tensor([ids]))[0]
+    rel = float((logits - want).norm() / want.norm())
+    top2 = torch.topk(want, 2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.5
+    agree = bool((logits.argmax(-1) == want.argmax(-1))[clear].all())
+    check("engram/mHC forward == the training code's fp32 forward within fp8 noise", rel < 0.1 and agree,
+          f"rel {rel:.3f}, argmax agrees at all {int(clear.sum())} of {len(clear)} positions with margin > 0.5")
+    m.identity_comb = True
+    no_comb, _ = m.forward(ids)
+    m.identity_comb = False
+    check("identity comb changes the logits by far more than fp8 noise",
+          float((no_comb - logits).norm() / logits.norm()) > 2 * rel, f"rel {float((no_comb - logits).norm() / logits.norm()):.3f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny"))
     ap.add_argument("--mtp-model", help="a checkpoint with an MTP module (models/tiny-mtp): MTP checks")
+    ap.add_argument("--engram-model", help="a checkpoint with Engram and mHC (models/tiny-engram): end-to-end checks")
     args = ap.parse_args()
     torch.set_num_threads(1)
     test_fp8()
@@ -450,6 +478,8 @@ def main():
         test_attention_forms(args.model)
     if args.mtp_model:
         test_mtp(args.mtp_model)
+    if args.engram_model:
+        test_engram_model(args.engram_model)
     print(f"test_reference: {len(FAILURES)} failed" + (f": {', '.join(FAILURES)}" if FAILURES else ""))
     sys.exit(1 if FAILURES else 0)
 
