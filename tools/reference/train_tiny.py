@@ -488,6 +488,9 @@ def main():
     ap.add_argument("--hinge-weight", type=float, default=0.1, help="weight of the router margin hinge loss")
     ap.add_argument("--hinge-margin", type=float, default=0.05, help="target selection gap of the hinge")
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--hinge-trains-bias", action="store_true",
+                    help="the margin hinge also trains the router bias (a tie between two saturated sigmoid "
+                         "scores has no gradient through the scores; models/tiny-engram/README.md)")
     ap.add_argument("--init-from", help="start from an exported checkpoint folder (fine-tuning)")
     ap.add_argument("--qat", action="store_true", help="train through the FP8/BF16 rounding of the export")
     ap.add_argument("--threads", type=int, default=1)
@@ -517,6 +520,10 @@ def main():
         print(f"train_tiny: initialised from {args.init_from}")
     for m in model.moe_layers():
         m.gate.margin = args.hinge_margin
+        if args.hinge_trains_bias:  # the buffer becomes a parameter of the same name (same export)
+            bias = nn.Parameter(m.gate.e_score_correction_bias.clone())
+            del m.gate._buffers["e_score_correction_bias"]
+            m.gate.e_score_correction_bias = bias
     QAT["on"] = args.qat
     n_params = sum(p.numel() for p in model.parameters())
     print(f"train_tiny: {n_params / 1e6:.2f} M parameters, {args.steps} steps of {args.batch}x{args.seq} tokens")
