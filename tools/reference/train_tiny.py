@@ -13,6 +13,12 @@ top-k/top-(k+1) and group selection margins apart so the exported model routes d
 exact commands that made the committed checkpoint: a plain phase, then a quantization-aware
 fine-tune (--qat: the forward sees the exported FP8/BF16 weights through a straight-through
 estimator) with a strong margin hinge, so the exported model's routing margins are real.)
+
+--arch tiny-engram trains models/tiny-engram: the same backbone with mHC (hc_mult 4: residual
+branches mixed by pre/post/comb, comb by Sinkhorn) and an Engram block before block 1 (hashed
+n-gram table lookups, per-branch gate, causal dilated short conv), exported with F32 mHC tensors
+and BF16 Engram tensors (models/tiny-engram/README.md has its commands; --steps 0 exports the
+random init, tools/reference/make_untrained_engram.sh).
 """
 
 import argparse
