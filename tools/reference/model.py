@@ -360,7 +360,7 @@ class Model:
             for layer in cfg.engram.layer_ids:
                 self._check_engram_tensors(layer)
         if cfg.hc_mult > 1:
-            hc, d = cfg.hc_mult, cfg.hidden_size
+            hc = cfg.hc_mult
             for i in range(cfg.num_hidden_layers):
                 for sub in ("attn_hc", "ffn_hc"):
                     self._check_hc(f"model.layers.{i}.{sub}", hc * (hc + 2), 3)
