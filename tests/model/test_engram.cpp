@@ -20,6 +20,7 @@
 #include "model/kv_cache.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "test_util.h"
 
 namespace deepinfer::model {
 namespace {
@@ -28,19 +29,12 @@ using nlohmann::json;
 const std::string kTiny = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny";
 const std::string kEngram = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny-engram";
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 json read_json(const std::string& p) {
-  std::ifstream in(p);
-  EXPECT_TRUE(in.good()) << p;
-  return json::parse(in);
+  const std::string text = test_util::read_text(p);
+  EXPECT_FALSE(text.empty()) << p;
+  return json::parse(text);
 }
 
 json engram_config() {
@@ -126,9 +120,11 @@ TEST(EngramConfig, BadValuesAreNamedErrors) {
 // ---- models/tiny-engram against the reference's golden ---------------------------------------
 
 bool have_engram_model() { return std::filesystem::exists(kEngram + "/golden/engram_hash.json"); }
+#define REQUIRE_ENGRAM_MODEL() \
+  ASSERT_TRUE(have_engram_model()) << kEngram << "/golden is missing (tools/reference writes it)"
 
 TEST(EngramTinyModel, CompressionTableEqualsTheReferences) {
-  if (!have_engram_model()) GTEST_SKIP() << kEngram << " is not there";
+  REQUIRE_ENGRAM_MODEL();
   const auto table = load_compression_table(kEngram);
   const json g = read_json(kEngram + "/golden/compression.json");
   EXPECT_EQ(table->num_canonical, g.at("vocab_size_compressed").get<int64_t>());
@@ -138,7 +134,7 @@ TEST(EngramTinyModel, CompressionTableEqualsTheReferences) {
 // The hash parameters the loader derives (seed, V') and the rows engram_hash gives for prompt 0's
 // sequence equal the reference's.
 TEST(EngramTinyModel, HashParametersAndRowsEqualTheReferences) {
-  if (!have_engram_model()) GTEST_SKIP() << kEngram << " is not there";
+  REQUIRE_ENGRAM_MODEL();
   const ModelConfig cfg = load_config(kEngram);
   const auto w = load_weights(std::make_shared<const Checkpoint>(kEngram), cfg, {});
   const EngramWeights& ew = w->engram;
@@ -186,7 +182,7 @@ TEST(EngramTinyModel, HashParametersAndRowsEqualTheReferences) {
 // do not line up with the dilation), token by token, and beside another sequence in one forward
 // all give the one-shot prefill's logits bit for bit.
 TEST(EngramTinyModel, ConvStateAcrossChunksAndBatchesEqualsOneShot) {
-  if (!have_engram_model()) GTEST_SKIP() << kEngram << " is not there";
+  REQUIRE_ENGRAM_MODEL();
   const json g = read_json(kEngram + "/golden/golden.json");
   const int64_t V = g.at("vocab_size").get<int64_t>();
   const auto seq_a = g.at("prompts").at(0).at("ids").get<std::vector<int32_t>>();
