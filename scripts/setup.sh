@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake ninja-build pkg-config libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libhwy-dev libgtest-dev libgmock-dev
-  libpcre2-dev libopenblas-dev libfmt-dev libicu-dev clang-format
+  libpcre2-dev libopenblas-dev libfmt-dev libicu-dev libutf8proc-dev clang-format
   libcpp-httplib-dev prometheus-cpp-dev curl)
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -85,16 +85,53 @@ struct EngramGateParams {
 // g from the three sums of one (token, branch); shared by the backends.
 float engram_gate_value(float raw, float rstd_x, float rstd_k, int64_t dim, float clamp);
 
+// ---- engram_conv_norm
+// ----------------------------------------------------------------------------
+
+// The short conv's input (docs/kernels.md §1.4). Per token t and branch i, fp32:
+// u = bf16(gate[t, i] * v[t]), out[t, i] = bf16(u * rsqrt(mean(u^2) + eps) * w[i]).
+struct EngramConvNormParams {
+  const bf16* v = nullptr;      // [N, d] value
+  const float* gate = nullptr;  // [N, hc] g of engram_gate
+  const bf16* w = nullptr;      // [hc, d] RMSNorm weight per branch
+  bf16* out = nullptr;          // [N, hc, d]
+  int64_t num_tokens = 0, hc = 4, dim = 0;
+  float eps = 1e-5f;
+  void validate() const;
+};
+
+// ---- engram_short_conv
+// ---------------------------------------------------------------------------
+
+// Depthwise causal convolution + SiLU (docs/kernels.md §1.5): per token t and channel c, fp32 in
+// tap order j = 0..K-1, conv = sum_j w[c, j] * x[taps[t, j], c] (tap -1 reads zero), out[t, c] =
+// bf16(conv * sigmoid(conv)). The caller points the taps at the rows a token's window holds
+// (its own row, and the rows `dilation` apart before it), so the op is per token.
+struct EngramShortConvParams {
+  const bf16* x = nullptr;        // [R, C] rows the taps read
+  const int32_t* taps = nullptr;  // [N, K] row of x for each tap, or -1
+  const bf16* w = nullptr;        // [C, K] (a depthwise Conv1d weight [C, 1, K])
+  bf16* out = nullptr;            // [N, C]
+  int64_t num_tokens = 0, num_rows = 0, channels = 0, kernel_size = 0;
+  void validate() const;  // shapes, and every tap in [-1, R)
+};
+
 void engram_hash(const EngramHashParams& p);
 void engram_gate(const EngramGateParams& p);
+void engram_conv_norm(const EngramConvNormParams& p);
+void engram_short_conv(const EngramShortConvParams& p);
 
 namespace host {
 void engram_hash(const EngramHashParams& p);
 void engram_gate(const EngramGateParams& p);
+void engram_conv_norm(const EngramConvNormParams& p);
+void engram_short_conv(const EngramShortConvParams& p);
 }  // namespace host
 namespace cpu {
 void engram_hash(const EngramHashParams& p);
 void engram_gate(const EngramGateParams& p);
+void engram_conv_norm(const EngramConvNormParams& p);
+void engram_short_conv(const EngramShortConvParams& p);
 }  // namespace cpu
 
 template <>
@@ -132,6 +169,37 @@ struct OpSpec<EngramGateParams> {
     v.out("gate", p.gate, rows);
     v.out("rstd_x", p.rstd_x, rows);
     v.out("rstd_k", p.rstd_k, rows);
+  }
+};
+
+template <>
+struct OpSpec<EngramConvNormParams> {
+  static constexpr const char* name = "engram_conv_norm";
+  static std::string shape(const EngramConvNormParams& p) {
+    return fmt::format("n={} hc={} d={}", p.num_tokens, p.hc, p.dim);
+  }
+  template <class V>
+  static void visit(EngramConvNormParams& p, V& v) {
+    v.in("v", p.v, p.num_tokens * p.dim);
+    v.in("gate", p.gate, p.num_tokens * p.hc);
+    v.in("w", p.w, p.hc * p.dim);
+    v.out("out", p.out, p.num_tokens * p.hc * p.dim);
+  }
+};
+
+template <>
+struct OpSpec<EngramShortConvParams> {
+  static constexpr const char* name = "engram_short_conv";
+  static std::string shape(const EngramShortConvParams& p) {
+    return fmt::format("n={} rows={} c={} k={}", p.num_tokens, p.num_rows, p.channels,
+                       p.kernel_size);
+  }
+  template <class V>
+  static void visit(EngramShortConvParams& p, V& v) {
+    v.in("x", p.x, p.num_rows * p.channels);
+    v.in("taps", p.taps, p.num_tokens * p.kernel_size);
+    v.in("w", p.w, p.channels * p.kernel_size);
+    v.out("out", p.out, p.num_tokens * p.channels);
   }
 };
 

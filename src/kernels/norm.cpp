@@ -26,6 +26,12 @@ void ResidualAddParams::validate() const {
   DI_CHECK(n == 0 || (a && b && out), "residual_add: a, b and out must be set");
 }
 
+void BiasAddParams::validate() const {
+  DI_CHECK(rows >= 0 && cols >= 1, "bias_add: bad shape rows={} cols={}", rows, cols);
+  DI_CHECK(rows == 0 || (x && bias && out), "bias_add: x, bias and out must be set");
+}
+
+void bias_add(const BiasAddParams& p) { dispatch(p, host::bias_add, cpu::bias_add); }
 void rms_norm(const RmsNormParams& p) { dispatch(p, host::rms_norm, cpu::rms_norm); }
 void residual_add(const ResidualAddParams& p) {
   dispatch(p, host::residual_add, cpu::residual_add);

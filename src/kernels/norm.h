@@ -46,17 +46,30 @@ struct ResidualAddParams {
   void validate() const;
 };
 
+// out[t, j] = bf16(x[t, j] + bias[j]): a linear's bias on its fp32 GEMM output, one rounding
+// (the Engram projections, docs/kernels.md §1.6).
+struct BiasAddParams {
+  const float* x = nullptr;    // [rows, cols] f32
+  const bf16* bias = nullptr;  // [cols] bf16
+  bf16* out = nullptr;         // [rows, cols] bf16
+  int64_t rows = 0, cols = 0;
+  void validate() const;
+};
+
 void rms_norm(const RmsNormParams& p);
 void residual_add(const ResidualAddParams& p);
+void bias_add(const BiasAddParams& p);
 
 namespace host {
 void rms_norm(const RmsNormParams& p);
 void residual_add(const ResidualAddParams& p);
+void bias_add(const BiasAddParams& p);
 }  // namespace host
 
 namespace cpu {
 void rms_norm(const RmsNormParams& p);
 void residual_add(const ResidualAddParams& p);
+void bias_add(const BiasAddParams& p);
 }  // namespace cpu
 
 template <>
@@ -86,6 +99,20 @@ struct OpSpec<ResidualAddParams> {
     v.in("a", p.a, p.n);
     v.in("b", p.b, p.n);
     v.out("out", p.out, p.n);
+  }
+};
+
+template <>
+struct OpSpec<BiasAddParams> {
+  static constexpr const char* name = "bias_add";
+  static std::string shape(const BiasAddParams& p) {
+    return fmt::format("rows={} cols={}", p.rows, p.cols);
+  }
+  template <class V>
+  static void visit(BiasAddParams& p, V& v) {
+    v.in("x", p.x, p.rows * p.cols);
+    v.in("bias", p.bias, p.cols);
+    v.out("out", p.out, p.rows * p.cols);
   }
 };
 

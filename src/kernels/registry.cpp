@@ -52,7 +52,7 @@ KernelBackend current_backend() {
 }
 
 std::span<const std::string_view> op_names() {
-  static constexpr std::array<std::string_view, 35> kNames{
+  static constexpr std::array<std::string_view, 38> kNames{
       OpSpec<QuantTokenParams>::name,
       OpSpec<QuantBlockParams>::name,
       OpSpec<DequantTokenParams>::name,
@@ -63,6 +63,7 @@ std::span<const std::string_view> op_names() {
       OpSpec<GemmBf16Params>::name,
       OpSpec<RmsNormParams>::name,
       OpSpec<ResidualAddParams>::name,
+      OpSpec<BiasAddParams>::name,
       OpSpec<RopeParams>::name,
       OpSpec<MlaPrefillParams>::name,
       OpSpec<MlaDecodeParams>::name,
@@ -71,6 +72,8 @@ std::span<const std::string_view> op_names() {
       OpSpec<SwigluParams>::name,
       OpSpec<EngramHashParams>::name,
       OpSpec<EngramGateParams>::name,
+      OpSpec<EngramConvNormParams>::name,
+      OpSpec<EngramShortConvParams>::name,
       OpSpec<MhcPreParams>::name,
       OpSpec<MhcPostParams>::name,
       OpSpec<MhcHeadParams>::name,

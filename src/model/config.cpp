@@ -1,7 +1,9 @@
 #include "model/config.h"
 
 #include <deepinfer/error.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "kernels/engram.h"
 
 namespace deepinfer::model {
 
@@ -20,9 +23,10 @@ using nlohmann::json;
 struct Reader {
   const json& j;
   const std::string& source;
+  std::string prefix = {};  // "engram." for the fields of a nested object
 
   [[noreturn]] void bad(const std::string& field, const std::string& why) const {
-    DI_FAIL("{}: field '{}' {}", source, field, why);
+    DI_FAIL("{}: field '{}{}' {}", source, prefix, field, why);
   }
   bool has(const char* f) const { return j.contains(f) && !j[f].is_null(); }
   int64_t integer(const char* f) const {
@@ -50,9 +54,89 @@ struct Reader {
   void positive(const char* f, int64_t v) const {
     if (v <= 0) bad(f, "must be positive, got " + std::to_string(v));
   }
+  std::vector<int64_t> integers(const char* f) const {
+    if (!has(f)) bad(f, "is missing");
+    if (!j[f].is_array()) bad(f, "must be a list of integers, got " + j[f].dump());
+    std::vector<int64_t> v;
+    for (const json& e : j[f]) {
+      if (!e.is_number_integer()) bad(f, "must be a list of integers, got " + j[f].dump());
+      v.push_back(e.get<int64_t>());
+    }
+    return v;
+  }
 };
 
+// The `engram` object: every key required, no others (a typo must not silently disable a part).
+EngramModelConfig parse_engram(const json& e, const std::string& source, const ModelConfig& c) {
+  Reader r{e, source, "engram."};
+  if (!e.is_object()) DI_FAIL("{}: field 'engram' must be an object or absent", source);
+  static constexpr const char* kKeys[] = {
+      "layer_ids",         "max_ngram_size", "n_head_per_ngram", "n_embed_per_ngram",
+      "engram_vocab_size", "kernel_size",    "pad_id",           "seed"};
+  for (const auto& [key, value] : e.items())
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
+      DI_FAIL(
+          "{}: field 'engram.{}' is not an Engram setting (allowed: layer_ids, max_ngram_size, "
+          "n_head_per_ngram, n_embed_per_ngram, engram_vocab_size, kernel_size, pad_id, seed)",
+          source, key);
+  EngramModelConfig g;
+  g.layer_ids = r.integers("layer_ids");
+  g.max_ngram_size = r.integer("max_ngram_size");
+  g.n_head_per_ngram = r.integer("n_head_per_ngram");
+  g.n_embed_per_ngram = r.integer("n_embed_per_ngram");
+  g.engram_vocab_size = r.integers("engram_vocab_size");
+  g.kernel_size = r.integer("kernel_size");
+  g.pad_id = r.integer("pad_id");
+  g.seed = r.integer("seed");
+  // The hash's own checks (orders, heads, budgets, seed), then what the model adds.
+  kernels::EngramHashConfig h;
+  h.layer_ids = g.layer_ids;
+  h.max_ngram_size = g.max_ngram_size;
+  h.n_head_per_ngram = g.n_head_per_ngram;
+  h.engram_vocab_size = g.engram_vocab_size;
+  h.seed = g.seed;
+  h.vocab_size = 1;  // the compressed vocabulary is known once the tokenizer is read
+  try {
+    h.validate();
+  } catch (const Error& err) {
+    DI_FAIL("{}: {}", source, err.what());
+  }
+  for (size_t i = 0; i < g.layer_ids.size(); ++i) {
+    const int64_t l = g.layer_ids[i];
+    if (l >= c.num_hidden_layers)
+      r.bad("layer_ids", fmt::format("holds {}, outside the blocks [0, num_hidden_layers = {})", l,
+                                     c.num_hidden_layers));
+    if (i > 0 && l <= g.layer_ids[i - 1])
+      r.bad("layer_ids", "must be strictly increasing, got " + e["layer_ids"].dump());
+  }
+  if (g.max_ngram_size > 16)
+    r.bad("max_ngram_size", fmt::format("must be at most 16, got {}", g.max_ngram_size));
+  r.positive("n_embed_per_ngram", g.n_embed_per_ngram);
+  if (g.n_head_per_ngram > 1024)
+    r.bad("n_head_per_ngram", fmt::format("must be at most 1024, got {}", g.n_head_per_ngram));
+  if (g.n_embed_per_ngram > (int64_t(1) << 20))
+    r.bad("n_embed_per_ngram", fmt::format("must be at most 2^20, got {}", g.n_embed_per_ngram));
+  if (g.n_embed_per_ngram % g.n_head_per_ngram)
+    r.bad("n_embed_per_ngram",
+          fmt::format("({}) must be a multiple of n_head_per_ngram ({}): each head's table row is "
+                      "n_embed_per_ngram / n_head_per_ngram wide",
+                      g.n_embed_per_ngram, g.n_head_per_ngram));
+  if (g.kernel_size < 1 || g.kernel_size > 64)
+    r.bad("kernel_size", fmt::format("must be in [1, 64], got {}", g.kernel_size));
+  if (g.pad_id < 0 || g.pad_id >= c.vocab_size)
+    r.bad("pad_id",
+          fmt::format("({}) must be a token id in [0, vocab_size = {})", g.pad_id, c.vocab_size));
+  if (g.seed > (int64_t(1) << 40))
+    r.bad("seed", fmt::format("must be at most 2^40, got {}", g.seed));
+  return g;
+}
+
 }  // namespace
+
+int64_t EngramModelConfig::index_of(int64_t layer) const {
+  const auto it = std::find(layer_ids.begin(), layer_ids.end(), layer);
+  return it == layer_ids.end() ? -1 : int64_t(it - layer_ids.begin());
+}
 
 double ModelConfig::yarn_mscale(double factor, double m) {
   return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
@@ -71,12 +155,16 @@ std::string ModelConfig::summary() const {
   return fmt::format(
       "{}: {} layers ({} dense), hidden {}, {} heads (nope/rope/v {}/{}/{}), q_lora {}, kv_lora "
       "{}, "
-      "{} routed experts top-{} in {} groups (topk_group {}), {} shared, vocab {}, {} weights{}",
+      "{} routed experts top-{} in {} groups (topk_group {}), {} shared, vocab {}, {} "
+      "weights{}{}{}",
       model_type, num_hidden_layers, std::min(first_k_dense_replace, num_hidden_layers),
       hidden_size, num_attention_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank,
       kv_lora_rank, n_routed_experts, num_experts_per_tok, n_group, topk_group, n_shared_experts,
       vocab_size, fp8_weights ? "fp8" : "bf16",
-      rope_scaling.enabled ? fmt::format(", yarn x{}", rope_scaling.factor) : "");
+      rope_scaling.enabled ? fmt::format(", yarn x{}", rope_scaling.factor) : "",
+      hc_mult > 1 ? fmt::format(", mHC x{}", hc_mult) : "",
+      engram.enabled() ? fmt::format(", Engram in blocks {}", fmt::join(engram.layer_ids, ","))
+                       : "");
 }
 
 ModelConfig parse_config(const std::string& text, const std::string& source) {
@@ -239,6 +327,21 @@ ModelConfig parse_config(const std::string& text, const std::string& source) {
                        c.rope_scaling.original_max_position_embeddings}})
     if (v > INT32_MAX || v < INT32_MIN)
       r.bad(f, fmt::format("is {}: larger than any model's (at most {})", v, INT32_MAX));
+
+  c.hc_mult = r.integer_or("hc_mult", 1);
+  if (c.hc_mult != 1 && c.hc_mult != 4)
+    r.bad("hc_mult",
+          fmt::format("must be 1 (plain residual) or 4 (mHC branches), got {}", c.hc_mult));
+  c.hc_sinkhorn_repeat = r.integer_or("hc_sinkhorn_repeat", 10);
+  if (c.hc_sinkhorn_repeat < 1 || c.hc_sinkhorn_repeat > 1000)
+    r.bad("hc_sinkhorn_repeat", fmt::format("must be in [1, 1000], got {}", c.hc_sinkhorn_repeat));
+  c.hc_eps = r.number_or("hc_eps", 1e-6);
+  if (!(c.hc_eps > 0 && c.hc_eps < 1))
+    r.bad("hc_eps", fmt::format("must be in (0, 1), got {}", c.hc_eps));
+  c.hc_post_mult = r.number_or("hc_post_mult", 2.0);
+  if (!(c.hc_post_mult > 0 && c.hc_post_mult < 1e6))
+    r.bad("hc_post_mult", fmt::format("must be in (0, 1e6), got {}", c.hc_post_mult));
+  if (r.has("engram")) c.engram = parse_engram(j["engram"], source, c);
   return c;
 }
 

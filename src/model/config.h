@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace deepinfer::model {
 
@@ -18,6 +19,30 @@ struct YarnScaling {
   double beta_slow = 1.0;
   double mscale = 1.0;
   double mscale_all_dim = 0.0;
+};
+
+// The `engram` object of config.json (docs/engram.md §1): hashed n-gram memory in the listed
+// blocks.
+struct EngramModelConfig {
+  std::vector<int64_t> layer_ids;          // 0-based blocks, strictly increasing; empty = no Engram
+  int64_t max_ngram_size = 0;              // orders 2..max_ngram_size are looked up
+  int64_t n_head_per_ngram = 0;            // hash heads per order
+  int64_t n_embed_per_ngram = 0;           // width of one order's heads together
+  std::vector<int64_t> engram_vocab_size;  // table budget per order (max_ngram_size - 1 entries)
+  int64_t kernel_size = 0;                 // short conv taps; dilation = max_ngram_size
+  int64_t pad_id = 0;                      // raw id before the sequence start
+  int64_t seed = 0;
+
+  bool enabled() const { return !layer_ids.empty(); }
+  int64_t num_layers() const { return int64_t(layer_ids.size()); }
+  int64_t heads() const { return (max_ngram_size - 1) * n_head_per_ngram; }  // per layer
+  int64_t head_dim() const { return n_embed_per_ngram / n_head_per_ngram; }  // D, one table row
+  int64_t embed_dim() const { return (max_ngram_size - 1) * n_embed_per_ngram; }  // E = heads·D
+  int64_t dilation() const { return max_ngram_size; }
+  // Positions before the current one the short conv reads: (K - 1)·dilation.
+  int64_t conv_history() const { return (kernel_size - 1) * dilation(); }
+  // The index of `layer` in layer_ids, or -1.
+  int64_t index_of(int64_t layer) const;
 };
 
 struct ModelConfig {
@@ -54,6 +79,12 @@ struct ModelConfig {
   int64_t eos_token_id = -1;
   bool fp8_weights = false;   // quantization_config fp8 e4m3 with [128, 128] blocks
   bool ue8m0_scales = false;  // quantization_config.scale_fmt == "ue8m0"
+  // mHC (docs/engram.md §2): the residual stream as hc_mult branches (1 = the plain residual).
+  int64_t hc_mult = 1;
+  int64_t hc_sinkhorn_repeat = 10;
+  double hc_eps = 1e-6;  // mHC's RMS, pre, Sinkhorn and head eps
+  double hc_post_mult = 2.0;
+  EngramModelConfig engram;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool is_moe_layer(int64_t layer) const {

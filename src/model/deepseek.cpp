@@ -3,14 +3,18 @@
 // deepinfer::kernels functions under a KernelTag naming the layer part, for `deepinfer diff`.
 #include "model/deepseek.h"
 
+#include <deepinfer/engram.h>
 #include <deepinfer/error.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
+#include "core/log.h"
 #include "kernels/attention.h"
+#include "kernels/engram.h"
 #include "kernels/gemm.h"
+#include "kernels/mhc.h"
 #include "kernels/norm.h"
 #include "kernels/quant.h"
 #include "kernels/recorder.h"
@@ -23,6 +27,9 @@ namespace deepinfer::model {
 namespace k = deepinfer::kernels;
 
 namespace {
+
+constexpr float kEngramGateClamp = 1e-6f;   // the gate's sqrt clamp (docs/engram.md §1.3)
+constexpr float kShortConvNormEps = 1e-5f;  // the short conv's RMSNorm eps
 
 // A growable scratch buffer: pointers stay valid until the next grow.
 template <class T>
@@ -82,16 +89,23 @@ struct DeepseekModel::Impl {
   float softmax_scale = 0.0f;
 
   // Scratch (per rank; forward is not reentrant).
-  Scratch<bf16> h, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf, ubuf,
-      shared_out, gath;
+  Scratch<bf16> h, h_alt, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf,
+      ubuf, shared_out, gath, mhc_x, eg_v, eg_k, eg_gated, eg_win, eg_s;
+  Scratch<float> mhc_post_w, mhc_comb, eg_f32, eg_gate;
+  Scratch<int32_t> eg_ids, eg_idx, eg_taps;
+  // Engram: the table shards, and each layer's fetch of this forward.
+  std::unique_ptr<EngramBuffer> engram_buf;
+  std::vector<EngramFetch> eg_fetch;
+  int64_t hc = 1;  // mHC branches
   Scratch<fp8_e4m3> xq, tq;
   Scratch<float> xs, ts, router_logits, topk_w, margins;
   Scratch<int64_t> topk_idx, positions;
 
   Impl(std::shared_ptr<const ModelWeights> weights, Group& g, const ModelOptions& o)
-      : w(std::move(weights)), cfg(w->config), group(g), opts(o) {
+      : w(std::move(weights)), cfg(w->config), group(g), opts(o), hc(cfg.hc_mult) {
     DI_CHECK(opts.max_tokens_per_step > 0, "max_tokens_per_step must be positive, got {}",
              opts.max_tokens_per_step);
+    if (cfg.engram.enabled()) engram_setup();
     const auto rc = rope_config(cfg);
     inv_freq = k::rope_inv_freq(rc);
     attention_factor = k::rope_attention_factor(rc);
@@ -257,9 +271,10 @@ struct DeepseekModel::Impl {
 
   // ---- attention ------------------------------------------------------------------------------
 
-  // h [T, hidden] += MLA(RMSNorm(h)).
-  void attention(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
-                 bf16* hbuf) {
+  // Returns MLA(RMSNorm(x)) [T, hidden] bf16 (null when T = 0); x [T, hidden] is the sub-layer
+  // input (the residual itself when hc_mult = 1).
+  const bf16* attention(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache,
+                        int64_t T, const bf16* hbuf) {
     const LayerWeights& L = w->layers[size_t(li)];
     const int64_t hid = cfg.hidden_size, H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim,
                   dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank,
@@ -384,13 +399,16 @@ struct DeepseekModel::Impl {
       }
       bf16* ao = attn.get(T * hid);
       linear(L.o, Act{oc}, T, ao);
-      residual_add(hbuf, ao, hbuf, T * hid);
+      return ao;
     }
+    return nullptr;
   }
 
   // ---- FFN ------------------------------------------------------------------------------------
 
-  void ffn(int64_t li, int64_t T, bf16* hbuf, RoutingTrace* trace) {
+  // Returns the dense FFN's or the MoE's output [T, hidden] bf16 for the sub-layer input hbuf
+  // (null when T = 0); every rank joins the MoE layer's collectives, with T = 0 too.
+  const bf16* ffn(int64_t li, int64_t T, const bf16* hbuf, RoutingTrace* trace) {
     const LayerWeights& L = w->layers[size_t(li)];
     const int64_t hid = cfg.hidden_size;
     bf16* x = xn.get(T * hid);
@@ -401,8 +419,7 @@ struct DeepseekModel::Impl {
       k::KernelTag tag("mlp");
       rms_norm(hbuf, L.post_attn_norm, T, hid, x, 0, 0, xq8, xs8);
       mlp(L.dense, Act{x, xq8, xs8}, T, out);
-      residual_add(hbuf, out, hbuf, T * hid);
-      return;
+      return T > 0 ? out : nullptr;
     }
     // The fp8 activations go where dispatch reads them in place (on mpi's direct lowering, the
     // shared window). combine_input reuses that place: the shared experts read x first, and x is
@@ -508,14 +525,14 @@ struct DeepseekModel::Impl {
       k::KernelTag tag("moe.combine", k::ScopeKind::collective);
       cout_ = ep->combine(y_out, dout.handle);
     }
-    if (T == 0) return;
+    if (T == 0) return nullptr;
     const bf16* routed = cout_.x.data<bf16>();  // [T, hid] bf16(Σ_k w_k·y_k)
     if (shared) {
       residual_add(routed, shared, out, T * hid);  // bf16(routed + shared)
     } else {
       std::memcpy(out, routed, size_t(T * hid) * sizeof(bf16));
     }
-    residual_add(hbuf, out, hbuf, T * hid);
+    return out;
   }
 
   // Checks the chunks, reserves their cache rows; returns the number of new tokens.
@@ -546,14 +563,272 @@ struct DeepseekModel::Impl {
       }
   }
 
-  // Layer li (attention + FFN) on the residual stream hb [T, hid].
-  void block(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
-             bf16* hb, RoutingTrace* trace) {
-    {
-      k::KernelTag tag("attn");
-      attention(li, chunks, cache, T, hb);
+  // ---- the residual stream and mHC (docs/engram.md §2) ---------------------------------------
+
+  // The residual stream [T, hc, hidden] bf16 (hc = 1: the plain hidden state). mhc_post writes a
+  // new stream (it may not alias the old one), so two buffers take turns.
+  struct Stream {
+    bf16* cur = nullptr;
+    bf16* alt = nullptr;
+  };
+
+  // The sub-layer's input: the stream itself (hc = 1), or mhc_pre's mix of its branches (post and
+  // comb kept for sublayer_out).
+  const bf16* sublayer_in(const MhcWeights& m, int64_t T, const Stream& s, const char* tag) {
+    if (hc == 1 || T == 0) return s.cur;
+    const int64_t hid = cfg.hidden_size;
+    k::KernelTag kt(tag);
+    k::MhcPreParams p;
+    p.residual = s.cur;
+    p.fn = m.fn;
+    p.scale = m.scale;
+    p.base = m.base;
+    p.x = mhc_x.get(T * hid);
+    p.post = mhc_post_w.get(T * hc);
+    p.comb = mhc_comb.get(T * hc * hc);
+    p.num_tokens = T;
+    p.hc = hc;
+    p.dim = hid;
+    p.rms_eps = p.pre_eps = p.sinkhorn_eps = float(cfg.hc_eps);
+    p.post_mult = float(cfg.hc_post_mult);
+    p.sinkhorn_repeat = cfg.hc_sinkhorn_repeat;
+    k::mhc_pre(p);         // x [T, hid], post [T, hc], comb [T, hc, hc]
+    if (opts.ablate_comb)  // the evidence knob: every comb the identity
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t a = 0; a < hc; ++a)
+          for (int64_t b = 0; b < hc; ++b) p.comb[(t * hc + a) * hc + b] = a == b ? 1.0f : 0.0f;
+    return p.x;
+  }
+
+  // The stream after a sub-layer with output y [T, hidden]: R + y (hc = 1), or mhc_post's mix.
+  void sublayer_out(const bf16* y, int64_t T, Stream& s, const char* tag) {
+    if (T == 0) return;
+    const int64_t hid = cfg.hidden_size;
+    if (hc == 1) {
+      residual_add(s.cur, y, s.cur, T * hid);
+      return;
     }
-    ffn(li, T, hb, trace);
+    k::KernelTag kt(tag);
+    k::MhcPostParams p;
+    p.y = y;
+    p.residual = s.cur;
+    p.post = mhc_post_w.get(T * hc);
+    p.comb = mhc_comb.get(T * hc * hc);
+    p.out = s.alt;
+    p.num_tokens = T;
+    p.hc = hc;
+    p.dim = hid;
+    k::mhc_post(p);  // [T, hc, hid]
+    std::swap(s.cur, s.alt);
+  }
+
+  // ---- Engram (docs/engram.md §1, §3) ---------------------------------------------------------
+
+  // This rank's rows of the one table of all Engram layers, written into the EngramBuffer: global
+  // row g (layer l's row r is g = row_base[l] + r) lives on rank g / n, n = ceil(rows / W). Each
+  // rank copies only its own rows out of the mapped checkpoint.
+  void engram_setup() {
+    const EngramWeights& ew = w->engram;
+    const int64_t D = cfg.engram.head_dim(), W = group.size(), rank = group.rank();
+    EngramConfig ec;
+    ec.hidden = int(D);
+    ec.dtype = EngramDType::bf16;
+    ec.algo = opts.engram_algo;
+    engram_buf = std::make_unique<EngramBuffer>(group, ec);
+    const int64_t n = std::max<int64_t>(1, (ew.total_rows + W - 1) / W);
+    const int64_t lo = rank * n, hi = std::min(ew.total_rows, lo + n);
+    Tensor shard = Tensor::zeros(DType::bf16, {n, D});  // [n, D], rows past the table stay zero
+    for (size_t l = 0; l < ew.layers.size(); ++l) {
+      const int64_t base = ew.row_base[l], end = base + ew.hash.rows[l];
+      const int64_t a = std::max(lo, base), b = std::min(hi, end);
+      if (a < b)
+        std::memcpy(shard.data<bf16>() + (a - lo) * D, ew.layers[l].table + (a - base) * D,
+                    size_t((b - a) * D) * sizeof(bf16));
+    }
+    engram_buf->write(shard);
+    log_debug("Engram: rank {} holds rows [{}, {}) of {} ({:.2f} MiB)", rank, lo, hi, ew.total_rows,
+              double(shard.nbytes()) / double(1 << 20));
+  }
+
+  // At the start of a forward: the canonical ids of its tokens go to the cache, every token's
+  // n-gram window (pad before the sequence start) is hashed for all Engram layers in one call, and
+  // the fetches of the blocks 0 and 1 start.
+  void engram_begin(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T) {
+    const EngramModelConfig& g = cfg.engram;
+    const EngramWeights& ew = w->engram;
+    const int64_t G = g.max_ngram_size, H = g.heads(), Le = g.num_layers();
+    for (const auto& c : chunks)
+      for (int64_t j = 0; j < c.num_tokens; ++j)
+        cache.token_id(c.cache_seq, c.start_pos + j) =
+            ew.compression->canonical(c.tokens[j], g.pad_id);
+    int32_t* ids = eg_ids.get(T * G);  // [T, G]: column k = the canonical id of token t - k
+    int64_t t = 0;
+    for (const auto& c : chunks)
+      for (int64_t j = 0; j < c.num_tokens; ++j, ++t)
+        for (int64_t kk = 0; kk < G; ++kk) {
+          const int64_t q = c.start_pos + j - kk;
+          ids[t * G + kk] = q < 0 ? ew.pad_canonical : cache.token_id(c.cache_seq, q);
+        }
+    int32_t* idx = eg_idx.get(Le * T * H);  // [Le, T, H] rows of the one table
+    if (T > 0) {
+      k::KernelTag tag("engram");
+      k::EngramHashParams p;
+      p.ngram_ids = ids;
+      p.multipliers = ew.hash.multipliers.data();
+      p.vocab_sizes = ew.hash.vocab_sizes.data();
+      p.offsets = ew.hash.offsets.data();
+      p.out = idx;
+      p.num_tokens = T;
+      p.num_layers = Le;
+      p.max_ngram = G;
+      p.heads_per_ngram = g.n_head_per_ngram;
+      k::engram_hash(p);
+    }
+    eg_fetch.assign(size_t(Le), EngramFetch{});
+    for (int64_t e = 0; e < Le; ++e)
+      if (g.layer_ids[size_t(e)] <= 1) engram_start_fetch(e, T);
+  }
+
+  // Collective: the rows of Engram layer e's T tokens (every rank, T may be 0).
+  void engram_start_fetch(int64_t e, int64_t T) {
+    const int64_t H = cfg.engram.heads();
+    k::KernelTag tag(fmt::format("layer{}.engram.fetch", cfg.engram.layer_ids[size_t(e)]),
+                     k::ScopeKind::collective);
+    eg_fetch[size_t(e)] =
+        engram_buf->start_fetch(Tensor::borrow(eg_idx.v.data() + e * T * H, DType::i32, {T, H}));
+  }
+
+  // The Engram block of layer e on the stream [T, hc, hid]: value and keys from the fetched rows,
+  // the gate into each branch, the short conv (its input rows kept per position in the cache)
+  // with SiLU, added to the gated branches.
+  void engram_block(int64_t e, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
+                    Stream& s) {
+    EngramResult rows = eg_fetch[size_t(e)].wait();
+    if (T == 0) return;
+    k::KernelTag tag("engram");
+    const EngramModelConfig& g = cfg.engram;
+    const EngramLayerWeights& W = w->engram.layers[size_t(e)];
+    const int64_t hid = cfg.hidden_size, E = g.embed_dim(), C = hc * hid, K = g.kernel_size,
+                  dil = g.dilation(), hist = g.conv_history();
+    bf16* emb = rows.data.data<bf16>();  // [T, E]: the H rows of each token side by side
+    if (opts.ablate_engram) std::fill(emb, emb + T * E, bf16{});
+    float* f = eg_f32.get(T * C);
+    bf16* v = eg_v.get(T * hid);  // [T, hid] = bf16(e·W_vᵀ + b_v)
+    bf16* kk = eg_k.get(T * C);   // [T, hc, hid] = bf16(e·W_k,iᵀ + b_k,i)
+    project(emb, W.value.w_bf16, W.value_bias, T, hid, E, f, v);
+    project(emb, W.keys.data<bf16>(), W.key_bias.data<bf16>(), T, C, E, f, kk);
+    bf16* gated = eg_gated.get(T * C);
+    float* gate = eg_gate.get(T * hc);
+    {
+      k::EngramGateParams p;
+      p.x = s.cur;
+      p.k = kk;
+      p.v = v;
+      p.w_fused = W.w_fused.data<float>();
+      p.out = gated;  // [T, hc, hid] bf16(R_i + g_i·v)
+      p.gate = gate;  // [T, hc]
+      p.num_tokens = T;
+      p.hc = hc;
+      p.dim = hid;
+      p.eps = float(cfg.rms_norm_eps);
+      p.clamp = kEngramGateClamp;
+      k::engram_gate(p);
+    }
+    // The conv's input rows; this forward's rows go to the cache for the positions after it.
+    const int64_t hist_rows = [&] {
+      int64_t n = 0;
+      for (const auto& c : chunks)
+        if (c.num_tokens > 0) n += std::min(hist, c.start_pos);
+      return n;
+    }();
+    bf16* win = eg_win.get((T + hist_rows) * C);  // [T + hist_rows, C]: new rows, then history
+    {
+      k::EngramConvNormParams p;
+      p.v = v;
+      p.gate = gate;
+      p.w = W.conv_norm.data<bf16>();
+      p.out = win;  // [T, hc, hid] bf16(RMSNorm(bf16(g_i·v))·w_i)
+      p.num_tokens = T;
+      p.hc = hc;
+      p.dim = hid;
+      p.eps = kShortConvNormEps;
+      k::engram_conv_norm(p);
+    }
+    int32_t* taps = eg_taps.get(T * K);  // [T, K]: the row of win each tap reads, -1 = zero
+    int64_t t = 0, h = T;
+    for (const auto& c : chunks) {
+      if (c.num_tokens == 0) continue;
+      const int64_t h0 = std::max<int64_t>(0, c.start_pos - hist), first = t, hbase = h;
+      for (int64_t q = h0; q < c.start_pos; ++q, ++h)
+        std::memcpy(win + h * C, cache.conv_row(e, c.cache_seq, q), size_t(C) * sizeof(bf16));
+      for (int64_t j = 0; j < c.num_tokens; ++j, ++t) {
+        const int64_t p = c.start_pos + j;
+        std::memcpy(cache.conv_row(e, c.cache_seq, p), win + t * C, size_t(C) * sizeof(bf16));
+        for (int64_t tap = 0; tap < K; ++tap) {
+          const int64_t q = p - (K - 1 - tap) * dil;
+          taps[t * K + tap] = int32_t(q < 0              ? -1
+                                      : q >= c.start_pos ? first + (q - c.start_pos)
+                                                         : hbase + (q - h0));
+        }
+      }
+    }
+    bf16* sc = eg_s.get(T * C);
+    {
+      k::EngramShortConvParams p;
+      p.x = win;
+      p.taps = taps;
+      p.w = W.conv_w;
+      p.out = sc;  // [T, C] bf16(SiLU(conv))
+      p.num_tokens = T;
+      p.num_rows = T + hist_rows;
+      p.channels = C;
+      p.kernel_size = K;
+      k::engram_short_conv(p);
+    }
+    residual_add(gated, sc, s.cur, T * C);  // R_i = bf16(gated_i + s_i)
+  }
+
+  // out [T, n] = bf16(x·Wᵀ + b): BF16 GEMM into f32 (scratch f), then the bias, one rounding.
+  void project(const bf16* x, const bf16* wt, const bf16* bias, int64_t T, int64_t n, int64_t kdim,
+               float* f, bf16* out) {
+    k::GemmBf16Params gp;
+    gp.a = x;
+    gp.w = wt;
+    gp.out_f32 = f;
+    gp.m = T;
+    gp.n = n;
+    gp.k = kdim;
+    k::gemm_bf16(gp);
+    k::BiasAddParams bp;
+    bp.x = f;
+    bp.bias = bias;
+    bp.out = out;
+    bp.rows = T;
+    bp.cols = n;
+    k::bias_add(bp);
+  }
+
+  // ---- blocks ---------------------------------------------------------------------------------
+
+  // Layer li on the stream: Engram (if the layer has it), then attention and the FFN, each
+  // through mHC when hc_mult > 1. The next Engram layer's fetch starts after this attention.
+  void block(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
+             Stream& s, RoutingTrace* trace) {
+    const LayerWeights& L = w->layers[size_t(li)];
+    if (L.engram >= 0) engram_block(L.engram, chunks, cache, T, s);
+    {
+      const bf16* x = sublayer_in(L.attn_hc, T, s, "mhc.attn");
+      const bf16* y;
+      {
+        k::KernelTag tag("attn");
+        y = attention(li, chunks, cache, T, x);
+      }
+      sublayer_out(y, T, s, "mhc.attn");
+    }
+    if (li + 1 < cfg.num_hidden_layers && li + 1 >= 2 && w->layers[size_t(li + 1)].engram >= 0)
+      engram_start_fetch(w->layers[size_t(li + 1)].engram, T);
+    const bf16* x = sublayer_in(L.ffn_hc, T, s, "mhc.ffn");
+    sublayer_out(ffn(li, T, x, trace), T, s, "mhc.ffn");
   }
 
   // Norm + head on the rows that need logits (per chunk: all its positions or its last); the
@@ -617,13 +892,33 @@ struct DeepseekModel::Impl {
 
   ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace,
                         bool keep_hidden) {
-    const int64_t T = begin_forward(chunks, cache);
-    bf16* hb = h.get(T * cfg.hidden_size);  // [T, hid] residual stream
-    embed(chunks, hb);
+    const int64_t T = begin_forward(chunks, cache), hid = cfg.hidden_size;
+    Stream s{h.get(T * hc * hid), h_alt.get(T * hc * hid)};  // [T, hc, hid] residual stream
+    embed(chunks, s.cur, hc * hid);
+    for (int64_t t = 0; t < T; ++t)  // hc copies of the embedding row
+      for (int64_t m = 1; m < hc; ++m)
+        std::memcpy(s.cur + (t * hc + m) * hid, s.cur + t * hc * hid, size_t(hid) * sizeof(bf16));
+    if (engram_buf) engram_begin(chunks, cache, T);
     ForwardOutput out;
     for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
       k::KernelTag ltag("layer" + std::to_string(li));
-      block(li, chunks, cache, T, hb, trace ? &out.routing : nullptr);
+      block(li, chunks, cache, T, s, trace ? &out.routing : nullptr);
+    }
+    const bf16* hb = s.cur;
+    if (hc > 1 && T > 0) {  // h = bf16(Σ_m h_m·R_m) feeds the final norm
+      k::KernelTag tag("mhc.head");
+      k::MhcHeadParams p;
+      p.residual = s.cur;
+      p.fn = w->hc_head.fn;
+      p.scale = w->hc_head.scale;
+      p.base = w->hc_head.base;
+      p.out = s.alt;  // [T, hid]
+      p.num_tokens = T;
+      p.hc = hc;
+      p.dim = hid;
+      p.rms_eps = p.eps = float(cfg.hc_eps);
+      k::mhc_head(p);
+      hb = s.alt;
     }
     head(chunks, hb, T, w->final_norm, w->lm_head, keep_hidden, out);
     return out;
@@ -646,14 +941,14 @@ struct DeepseekModel::Impl {
       rms_norm(e, m.enorm, T, hid, cat, 0, 2 * hid);
       rms_norm(hidden_in, m.hnorm, T, hid, cat + hid, 0, 2 * hid);
     }
-    bf16* hb = h.get(T * hid);
+    Stream s{h.get(T * hid), nullptr};  // the MTP module runs only where hc_mult = 1
     {
       k::KernelTag tag("proj");
-      linear(m.eh_proj, Act{cat}, T, hb);
+      linear(m.eh_proj, Act{cat}, T, s.cur);
     }
     ForwardOutput out;
-    block(li, chunks, cache, T, hb, nullptr);
-    head(chunks, hb, T, m.head_norm, m.head, true, out);
+    block(li, chunks, cache, T, s, nullptr);
+    head(chunks, s.cur, T, m.head_norm, m.head, true, out);
     return out;
   }
 };
@@ -678,6 +973,11 @@ KvCacheConfig DeepseekModel::kv_cache_config(int64_t num_pages) const {
   c.row_dim = impl_->cfg.kv_lora_rank + impl_->cfg.qk_rope_head_dim;
   c.num_pages = num_pages;
   c.page_size = k::kMlaPageSize;
+  if (impl_->cfg.engram.enabled()) {
+    c.conv_layers = impl_->cfg.engram.num_layers();
+    c.conv_dim = impl_->cfg.hc_mult * impl_->cfg.hidden_size;
+    c.token_ids = true;
+  }
   return c;
 }
 
@@ -714,6 +1014,17 @@ DecodeWeightBytes DeepseekModel::decode_weight_bytes() const {
   }
   d.shared += double(w.lm_head.weight_bytes()) + double(c.hidden_size) * 2;  // head, final norm
   d.per_token = double(c.hidden_size) * 2;                                   // the embedding row
+  if (c.hc_mult > 1) {  // mHC: two mixings per layer and the head's, fp32
+    const double hd = double(c.hc_mult * c.hidden_size) * 4;
+    d.shared += double(c.num_hidden_layers) * 2 * double(c.hc_mult * (c.hc_mult + 2)) * hd +
+                double(c.hc_mult) * hd;
+  }
+  for (const auto& e : w.engram.layers) {  // projections, norms, conv; the rows fetched per token
+    d.shared += double(e.value.weight_bytes() + e.keys.nbytes() + e.key_bias.nbytes() +
+                       e.w_fused.nbytes() + e.conv_norm.nbytes()) +
+                double(c.hc_mult * c.hidden_size * c.engram.kernel_size) * 2;
+    d.per_token += double(c.engram.embed_dim()) * 2;
+  }
   return d;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <deepinfer/comm.h>
+#include <deepinfer/engram.h>
 #include <deepinfer/ep.h>
 #include <deepinfer/tensor.h>
 
@@ -26,6 +27,12 @@ struct ModelOptions {
   // The MoE layers' EPBuffer policy: algo, combine, ag_rows, reduce, chunk_bytes, peer_memory (the
   // model sets the shape fields from the checkpoint and M from max_tokens_per_step).
   EPConfig ep;
+  // The Engram tables' fetch lowering (EngramBuffer; auto picks from the group).
+  EngramAlgo engram_algo = EngramAlgo::automatic;
+  // Evidence knobs (check e2e --ablate): Engram rows fetched as zeros (the tables zeroed), and
+  // every mHC comb replaced by the identity. Never for serving.
+  bool ablate_engram = false;
+  bool ablate_comb = false;
 
   // The defaults with `ep` from the DEEPINFER_EP_* knobs (EPConfig::from_knobs).
   static ModelOptions from_knobs();

@@ -41,6 +41,12 @@ int64_t routed_expert_of(const std::string& name) {
   return pos == std::string::npos ? -1 : std::atoll(name.c_str() + pos + kKey.size());
 }
 
+bool is_engram_table(const std::string& name) {
+  static constexpr std::string_view kKey = ".engram.embedding.weight";
+  return name.size() > kKey.size() &&
+         name.compare(name.size() - kKey.size(), kKey.size(), kKey) == 0;
+}
+
 LoadStats mmap_load_stats(const Checkpoint& ckpt, int rank, int world, int64_t first_expert,
                           int64_t num_experts) {
   LoadStats s;
@@ -49,7 +55,9 @@ LoadStats mmap_load_stats(const Checkpoint& ckpt, int rank, int world, int64_t f
   for (const std::string& name : ckpt.names()) {
     const int64_t e = routed_expert_of(name);
     const size_t b = ckpt.get(name).nbytes;
-    if (e < 0)
+    if (is_engram_table(name))
+      continue;  // each rank reads its rows (the model's EngramBuffer shard)
+    else if (e < 0)
       s.replicated_bytes += b;
     else if (e >= first_expert && e < first_expert + num_experts)
       s.expert_bytes += b;
@@ -69,7 +77,7 @@ std::shared_ptr<const Checkpoint> gather_replicated(Group& group,
   size_t region = 0;
   uint64_t sig = 0x243f6a8885a308d3ull;
   for (const std::string& name : base->names()) {
-    if (routed_expert_of(name) >= 0) continue;
+    if (routed_expert_of(name) >= 0 || is_engram_table(name)) continue;
     const TensorView& t = base->get(name);
     region = align_up(region);
     views.push_back(&t);

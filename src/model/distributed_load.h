@@ -37,6 +37,10 @@ struct LoadStats {
 // The routed expert a tensor belongs to ("model.layers.L.mlp.experts.E...." -> E), or -1.
 int64_t routed_expert_of(const std::string& name);
 
+// True for an Engram block's hash table ("model.layers.L.engram.embedding.weight"): sharded over
+// the ranks by rows (each reads its own rows), never replicated.
+bool is_engram_table(const std::string& name);
+
 // Plain loading's reads: every replicated tensor, and the routed experts in
 // [first_expert, first_expert + num_experts).
 LoadStats mmap_load_stats(const Checkpoint& ckpt, int rank, int world, int64_t first_expert,

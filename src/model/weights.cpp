@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
+#include "model/distributed_load.h"
 
 namespace deepinfer::model {
 
@@ -52,6 +54,22 @@ class Loader {
     }
     if (opts_.decode_layout && l.fp8()) attach_decode_layout(l);
     return l;
+  }
+
+  // mHC mixing `prefix`.fn [rows, hc·hidden], .scale [rows == hc ? 1 : 3], .base [rows], f32.
+  MhcWeights mhc(const std::string& prefix, int64_t rows) {
+    const int64_t hc = cfg_.hc_mult;
+    const auto& fn = ckpt_.get(prefix + ".fn", DType::f32, {rows, hc * cfg_.hidden_size});
+    const auto& sc = ckpt_.get(prefix + ".scale", DType::f32, {rows == hc ? 1 : 3});
+    const auto& b = ckpt_.get(prefix + ".base", DType::f32, {rows});
+    account(fn.nbytes + sc.nbytes + b.nbytes);
+    return {fn.as<float>(), sc.as<float>(), b.as<float>()};
+  }
+
+  const TensorView& bf16_tensor(const std::string& name, const std::vector<int64_t>& shape) {
+    const auto& t = ckpt_.get(name, DType::bf16, shape);
+    account(t.nbytes);
+    return t;
   }
 
   Mlp mlp(const std::string& prefix, int64_t inter) {
@@ -115,7 +133,112 @@ class Loader {
   size_t loaded() const { return done_; }
 };
 
+// The hash tables (checkpoint values where present), the one table's row ranges, and each Engram
+// block's dense weights; the table rows themselves are read by the model (its EngramBuffer shard).
+void load_engram(const Checkpoint& ck, const ModelConfig& cfg, const LoadOptions& opts, Loader& ld,
+                 ModelWeights& mw) {
+  const EngramModelConfig& g = cfg.engram;
+  EngramWeights& ew = mw.engram;
+  const int64_t hc = cfg.hc_mult, h = cfg.hidden_size, E = g.embed_dim(), D = g.head_dim(),
+                H = g.heads(), G = g.max_ngram_size, K = g.kernel_size;
+  ew.compression = opts.compression ? opts.compression : load_compression_table(ck.dir());
+  const CompressionTable& ct = *ew.compression;
+  if (g.pad_id >= int64_t(ct.raw_to_canonical.size()))
+    DI_FAIL("config.json: engram.pad_id {} is not a token of the tokenizer ({} ids)", g.pad_id,
+            ct.raw_to_canonical.size());
+  ew.pad_canonical = ct.canonical(g.pad_id, g.pad_id);
+  kernels::EngramHashTables& t = ew.hash;
+  t = kernels::engram_hash_tables({.layer_ids = g.layer_ids,
+                                   .max_ngram_size = G,
+                                   .n_head_per_ngram = g.n_head_per_ngram,
+                                   .engram_vocab_size = g.engram_vocab_size,
+                                   .seed = g.seed,
+                                   .vocab_size = ct.num_canonical});
+  int64_t base = 0;
+  for (int64_t l = 0; l < g.num_layers(); ++l) {
+    const int64_t layer = g.layer_ids[size_t(l)];
+    const std::string p = fmt::format("model.layers.{}.engram.", layer);
+    if (ck.has(p + "multipliers")) {  // the checkpoint's own hash parameters win
+      const auto& m = ck.get(p + "multipliers", DType::i64, {G});
+      for (int64_t k = 0; k < G; ++k) {
+        const int64_t v = m.as<int64_t>()[k];
+        if (v <= 0 || v % 2 == 0)
+          DI_FAIL("tensor {} holds {} at {}: Engram multipliers must be odd and positive",
+                  m.describe(), v, k);
+        t.multipliers[size_t(l * G + k)] = v;
+      }
+    }
+    if (ck.has(p + "table_sizes")) {
+      const auto& ts = ck.get(p + "table_sizes", DType::i64, {H});
+      for (int64_t j = 0; j < H; ++j) {
+        const int64_t v = ts.as<int64_t>()[j];
+        if (v < 1 || v >= (int64_t(1) << 30))
+          DI_FAIL("tensor {} holds {} at {}: Engram table sizes must be in [1, 2^30)",
+                  ts.describe(), v, j);
+        t.vocab_sizes[size_t(l * H + j)] = int32_t(v);
+      }
+    }
+    int64_t rows = 0;
+    for (int64_t j = 0; j < H; ++j) {
+      t.offsets[size_t(l * H + j)] = int32_t(base + rows);  // the layer's base row folded in
+      rows += t.vocab_sizes[size_t(l * H + j)];
+    }
+    t.rows[size_t(l)] = rows;
+    ew.row_base.push_back(base);
+    base += rows;
+    if (base >= (int64_t(1) << 31) - 1)
+      DI_FAIL(
+          "config.json: the Engram tables of all layers hold {}+ rows, beyond int32 row ids; "
+          "lower engram.engram_vocab_size or engram.n_head_per_ngram",
+          base);
+
+    EngramLayerWeights e;
+    e.layer = layer;
+    const auto& table = ck.get(p + "embedding.weight");
+    if (table.dtype != DType::bf16 || table.shape != std::vector<int64_t>{rows, D})
+      DI_FAIL(
+          "{}; the table must hold the {} rows of its {} hash heads' prime sizes (from the seed, "
+          "the tokenizer's {} compressed ids, or the layer's table_sizes tensor)",
+          mismatch_message(table, DType::bf16, {rows, D}), rows, H, ct.num_canonical);
+    e.table = table.as<bf16>();
+    e.value.name = p + "value_proj";
+    e.value.out = h;
+    e.value.in = E;
+    e.value.w_bf16 = ld.bf16_tensor(p + "value_proj.weight", {h, E}).as<bf16>();
+    e.value_bias = ld.bf16_tensor(p + "value_proj.bias", {h}).as<bf16>();
+    e.keys = Tensor::empty(DType::bf16, {hc * h, E});
+    e.key_bias = Tensor::empty(DType::bf16, {hc * h});
+    e.w_fused = Tensor::empty(DType::f32, {hc, h});
+    e.conv_norm = Tensor::empty(DType::bf16, {hc, h});
+    for (int64_t i = 0; i < hc; ++i) {
+      const auto& kw = ld.bf16_tensor(fmt::format("{}key_projs.{}.weight", p, i), {h, E});
+      std::memcpy(e.keys.data<bf16>() + i * h * E, kw.data, kw.nbytes);
+      const auto& kb = ld.bf16_tensor(fmt::format("{}key_projs.{}.bias", p, i), {h});
+      std::memcpy(e.key_bias.data<bf16>() + i * h, kb.data, kb.nbytes);
+      const bf16* n1 = ld.bf16_tensor(fmt::format("{}norm1.{}.weight", p, i), {h}).as<bf16>();
+      const bf16* n2 = ld.bf16_tensor(fmt::format("{}norm2.{}.weight", p, i), {h}).as<bf16>();
+      for (int64_t c = 0; c < h; ++c)  // exact: a product of two bf16 values fits f32
+        e.w_fused.data<float>()[i * h + c] = bf16_to_f32(n1[c]) * bf16_to_f32(n2[c]);
+      const auto& cn = ld.bf16_tensor(fmt::format("{}short_conv.norms.{}.weight", p, i), {h});
+      std::memcpy(e.conv_norm.data<bf16>() + i * h, cn.data, cn.nbytes);
+    }
+    e.conv_w = ld.bf16_tensor(p + "short_conv.conv.weight", {hc * h, 1, K}).as<bf16>();
+    mw.layers[size_t(layer)].engram = l;
+    ew.layers.push_back(std::move(e));
+  }
+  ew.total_rows = base;
+}
+
 }  // namespace
+
+std::shared_ptr<const CompressionTable> load_compression_table(const std::string& dir) {
+  try {
+    return std::make_shared<const CompressionTable>(
+        build_compression_table(Tokenizer::from_dir(dir)));
+  } catch (const Error& e) {
+    DI_FAIL("Engram needs the model's tokenizer for its compression table: {}", e.what());
+  }
+}
 
 size_t Linear::weight_bytes() const {
   if (fp8()) return size_t(out * in) + size_t(blocks(out) * blocks(in)) * sizeof(float);
@@ -161,14 +284,11 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
   // Estimate this rank's bytes for the progress bar: replicated tensors + its share of experts.
   size_t total = 0;
   for (const auto& n : ck.names()) {
-    const auto pos = n.find(".mlp.experts.");
-    if (pos == std::string::npos) {
+    const int64_t e = routed_expert_of(n);
+    if (is_engram_table(n)) continue;  // read by the model, its rows only
+    if (e < 0 ||
+        (e >= mw->first_local_expert && e < mw->first_local_expert + mw->num_local_experts))
       total += ck.get(n).nbytes;
-    } else {
-      const int64_t e = std::atoll(n.c_str() + pos + 13);
-      if (e >= mw->first_local_expert && e < mw->first_local_expert + mw->num_local_experts)
-        total += ck.get(n).nbytes;
-    }
   }
   Loader ld(ck, cfg, opts, total);
 
@@ -193,6 +313,11 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
   mw->lm_head =
       head(ck.has("lm_head.weight") || !cfg.tie_word_embeddings ? "lm_head" : "model.embed_tokens");
   // MTP: module 0's block loads as one more layer (rank-sharded experts like the others).
+  if (opts.mtp && (cfg.hc_mult > 1 || cfg.engram.enabled()))
+    DI_FAIL(
+        "--speculative mtp: this model has {}, which deepinfer's MTP module does not carry yet; "
+        "drop --speculative",
+        cfg.hc_mult > 1 ? "mHC branches (hc_mult > 1)" : "Engram blocks");
   const std::string mtp0 = fmt::format("model.layers.{}", cfg.num_hidden_layers);
   if (opts.mtp && (cfg.num_nextn_predict_layers < 1 || !ck.has(mtp0 + ".eh_proj.weight")))
     DI_FAIL(
@@ -248,8 +373,15 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
         L.has_shared = true;
       }
     }
+    if (cfg.hc_mult > 1) {
+      const int64_t mixes = cfg.hc_mult * (cfg.hc_mult + 2);
+      L.attn_hc = ld.mhc(p + ".attn_hc", mixes);
+      L.ffn_hc = ld.mhc(p + ".ffn_hc", mixes);
+    }
     mw->layers.push_back(std::move(L));
   }
+  if (cfg.hc_mult > 1) mw->hc_head = ld.mhc("model.hc_head", cfg.hc_mult);
+  if (cfg.engram.enabled()) load_engram(ck, cfg, opts, ld, *mw);
   if (opts.mtp) {
     MtpWeights m;
     m.enorm = ld.norm(mtp0 + ".enorm.weight", h);

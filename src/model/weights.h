@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/engram.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "tokenizer/compression.h"
 
 namespace deepinfer::model {
 
@@ -40,6 +42,39 @@ struct Mlp {  // SwiGLU: down(silu(gate·x) ⊙ up·x)
   Linear gate, up, down;
 };
 
+// One mHC mixing (docs/engram.md §2): fn [m, hc·hidden], scale [3] (head: [1]), base [m] f32,
+// m = hc(hc + 2) before a sub-layer, hc for the head. Null when hc_mult = 1.
+struct MhcWeights {
+  const float* fn = nullptr;
+  const float* scale = nullptr;
+  const float* base = nullptr;
+};
+
+// One Engram block's dense weights (docs/engram.md §1); its table rows live in the EngramBuffer.
+struct EngramLayerWeights {
+  int64_t layer = -1;                // the block
+  Linear value;                      // value_proj [hidden, E] BF16
+  const bf16* value_bias = nullptr;  // [hidden]
+  Tensor keys;                       // key_projs.0..hc-1 stacked: [hc·hidden, E] bf16
+  Tensor key_bias;                   // [hc·hidden] bf16
+  Tensor w_fused;                    // [hc, hidden] f32: norm1.i ⊙ norm2.i (the gate's weight)
+  Tensor conv_norm;                  // [hc, hidden] bf16: short_conv.norms.i
+  const bf16* conv_w = nullptr;      // short_conv.conv.weight [hc·hidden, 1, K] bf16
+  const bf16* table = nullptr;       // embedding.weight [rows, D] bf16 (mmap; read by row ranges)
+};
+
+// Everything the Engram blocks need besides the dense weights.
+struct EngramWeights {
+  std::shared_ptr<const CompressionTable> compression;  // raw -> canonical token ids
+  int32_t pad_canonical = 0;                            // compress(pad_id)
+  // Multipliers and prime table sizes (the checkpoint's where it has them, else derived from the
+  // seed); offsets hold each layer's base row in the one table of all layers (row_base).
+  kernels::EngramHashTables hash;
+  std::vector<int64_t> row_base;  // [L] first row of each layer's table in the one table
+  int64_t total_rows = 0;         // rows of all layers' tables
+  std::vector<EngramLayerWeights> layers;
+};
+
 struct LayerWeights {
   const bf16* input_norm = nullptr;      // [hidden]
   const bf16* post_attn_norm = nullptr;  // [hidden]
@@ -58,6 +93,9 @@ struct LayerWeights {
   std::vector<Mlp> experts;            // this rank's experts, local id = e - first_local_expert
   Mlp shared;                          // n_shared_experts fused (width n_shared·moe_inter)
   bool has_shared = false;
+  // mHC (hc_mult > 1): the mixings before attention and before the FFN.
+  MhcWeights attn_hc, ffn_hc;
+  int64_t engram = -1;  // index into ModelWeights::engram.layers, or -1
 };
 
 // One multi-token-prediction module (docs/architecture.md §6.1): its block is
@@ -81,6 +119,9 @@ struct LoadOptions {
   bool mtp = false;  // also load the first MTP module (speculative decoding); an Error without one
   bool fp8_head = false;  // the LM head(s) as FP8 128×128 blocks too (opt-in: checkpoints ship
                           // them BF16; accuracy in docs/performance.md §8)
+  // Engram: the compression table of the model's tokenizer (built once per process by the
+  // launcher); null = built from the checkpoint folder's tokenizer.json here.
+  std::shared_ptr<const CompressionTable> compression;
 };
 
 struct ModelWeights {
@@ -91,6 +132,8 @@ struct ModelWeights {
   Linear lm_head;                                // [vocab, hidden], BF16 GEMM with fp32 logits
   std::vector<LayerWeights> layers;              // the main layers, then the MTP modules' blocks
   std::vector<MtpWeights> mtp;  // loaded MTP modules (LoadOptions::mtp: the first one)
+  MhcWeights hc_head;           // hc_mult > 1: the branches' mix before the final norm
+  EngramWeights engram;         // config.engram enabled
   int64_t first_local_expert = 0;
   int64_t num_local_experts = 0;
   size_t loaded_bytes = 0;
@@ -100,6 +143,9 @@ struct ModelWeights {
 // config the engine cannot run is an Error naming the tensor or field.
 std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> checkpoint,
                                            const ModelConfig& config, const LoadOptions& opts);
+
+// The compression table of the tokenizer.json in `dir` (docs/engram.md §1.2).
+std::shared_ptr<const CompressionTable> load_compression_table(const std::string& dir);
 
 // Converts a BF16 [out, in] weight to FP8 with 128×128 block scales (scale = amax/448, partial
 // edge blocks), as the official checkpoints' quantizer does.

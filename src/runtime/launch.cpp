@@ -65,6 +65,9 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
   kernels::check_fault_knob();  // a fault naming no kernel op fails before anything loads
   const model::ModelConfig cfg = model::load_config(opts.model_dir);
   auto checkpoint = std::make_shared<const model::Checkpoint>(opts.model_dir);
+  // Engram's compression table: built once per process from the tokenizer (docs/engram.md §1.2).
+  std::shared_ptr<const CompressionTable> compression;
+  if (cfg.engram.enabled()) compression = model::load_compression_table(opts.model_dir);
   LaunchOptions lo;
   lo.comm = opts.comm;
   lo.world = opts.ep;
@@ -77,6 +80,7 @@ void run_model_ranks(const LaunchModelOptions& opts, const std::function<void(Ra
     ld.quantize_fp8 = opts.quantize_fp8;
     ld.mtp = opts.mtp;
     ld.fp8_head = opts.fp8_head;
+    ld.compression = compression;
     ld.decode_layout = knobs().decode_layout && kernels::backend_from_knobs() == KernelBackend::cpu;
     ld.progress = opts.progress && group.rank() == 0 && isatty(STDERR_FILENO);
     // The routed experts this rank reads (load_weights' split), and the replicated tensors.

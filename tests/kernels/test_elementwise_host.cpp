@@ -119,6 +119,23 @@ TEST(ResidualAddHost, RoundsOnceToNearestEven) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(a2[size_t(i)].bits, out[size_t(i)].bits);
 }
 
+TEST(BiasAdd, RoundsOnceOnBothBackends) {
+  // x = 1 + 2^-8 (an f32 tie between bf16 1 and 1 + 2^-7) plus 2^-12 is past the tie: one
+  // rounding gives 1 + 2^-7 (rounding x to bf16 first would give 1). 2.5 + -2.5 = 0; 3 + 0.25.
+  const std::vector<float> x = {1.0f + 0x1p-8f, 2.5f, 3.0f, 1.0f + 0x1p-8f, 2.5f, 3.0f};
+  const std::vector<bf16> b = {f32_to_bf16(0x1p-12f), f32_to_bf16(-2.5f), f32_to_bf16(0.25f)};
+  for (KernelBackend be : {KernelBackend::host, KernelBackend::cpu}) {
+    ScopedBackend use(be);
+    std::vector<bf16> out(6);
+    bias_add({.x = x.data(), .bias = b.data(), .out = out.data(), .rows = 2, .cols = 3});
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(bf16_to_f32(out[size_t(r * 3)]), 1.0f + 0x1p-7f);
+      EXPECT_EQ(bf16_to_f32(out[size_t(r * 3 + 1)]), 0.0f);
+      EXPECT_EQ(bf16_to_f32(out[size_t(r * 3 + 2)]), 3.25f);
+    }
+  }
+}
+
 TEST(SwigluHost, HandValues) {
   // silu(0) = 0; silu(1) = 1/(1+e^-1) = 0.7310585786; silu(-20) ~ -4.1e-8; row weight 0.5.
   const int64_t I = 3;

@@ -324,6 +324,71 @@ TEST(Mhc, HeadWithZeroMixes) {
   }
 }
 
+// u = bf16(g·v) then RMSNorm with eps and the branch weight: v = (1, -1, 2, 0), g = 0.5 gives
+// u = (0.5, -0.5, 1, 0), mean(u²) = 0.375; g = 0 gives u = 0 and out = 0 (eps keeps it finite).
+TEST(EngramConvNorm, HandWorked) {
+  const auto v = bf({1, -1, 2, 0});
+  const std::vector<float> g = {0.5f, 0.0f};
+  const auto w = bf({1, 1, 2, 1, 1, 1, 1, 1});
+  for (KernelBackend be : kBoth) {
+    ScopedBackend use(be);
+    std::vector<bf16> out(8);
+    engram_conv_norm({.v = v.data(),
+                      .gate = g.data(),
+                      .w = w.data(),
+                      .out = out.data(),
+                      .num_tokens = 1,
+                      .hc = 2,
+                      .dim = 4,
+                      .eps = 1e-5f});
+    const double r = 1.0 / std::sqrt(0.375 + 1e-5);
+    const double want[] = {0.5 * r, -0.5 * r, 2 * r, 0, 0, 0, 0, 0};
+    for (int i = 0; i < 8; ++i)
+      EXPECT_EQ(bf16_to_f32(out[size_t(i)]), round_bf16(float(want[i]))) << to_string(be) << i;
+  }
+}
+
+// The conv's taps read exactly the rows they name, in order, weighted per channel; -1 reads zero;
+// SiLU at the end: x rows are (1, 10), (2, 20), (3, 30); w = [[1, 0, 2], [0, 1, 0]] (C = 2, K = 3).
+TEST(EngramShortConv, HandWorkedTapsAndSilu) {
+  const auto x = bf({1, 10, 2, 20, 3, 30});
+  const auto w = bf({1, 0, 2, 0, 1, 0});
+  const std::vector<int32_t> taps = {0, 1, 2, -1, -1, 0, 2, 2, 2};
+  const auto silu = [](double a) { return round_bf16(float(a / (1 + std::exp(-a)))); };
+  for (KernelBackend be : kBoth) {
+    ScopedBackend use(be);
+    std::vector<bf16> out(6);
+    engram_short_conv({.x = x.data(),
+                       .taps = taps.data(),
+                       .w = w.data(),
+                       .out = out.data(),
+                       .num_tokens = 3,
+                       .num_rows = 3,
+                       .channels = 2,
+                       .kernel_size = 3});
+    // token 0: c0 = 1·1 + 0·2 + 2·3 = 7, c1 = 20; token 1: c0 = 2·1, c1 = 0; token 2: 9, 30
+    const double want[] = {7, 20, 2, 0, 9, 30};
+    for (int i = 0; i < 6; ++i)
+      EXPECT_NEAR(bf16_to_f32(out[size_t(i)]), silu(want[i]), std::fabs(silu(want[i])) * 4e-3)
+          << to_string(be) << i;
+  }
+  const std::vector<int32_t> bad = {0, 1, 3};
+  std::vector<bf16> out(2);
+  try {
+    engram_short_conv({.x = x.data(),
+                       .taps = bad.data(),
+                       .w = w.data(),
+                       .out = out.data(),
+                       .num_tokens = 1,
+                       .num_rows = 3,
+                       .channels = 2,
+                       .kernel_size = 3});
+    ADD_FAILURE() << "a tap past the rows must be an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("reads row 3 of 3"), std::string::npos) << e.what();
+  }
+}
+
 // A row's bytes must not depend on the other rows in the call (docs/numerics.md §10).
 TEST(EngramMhcBatchInvariance, GateAndMhcPreRowsAlone) {
   const int64_t hc = 4, d = 200, rows = 37;

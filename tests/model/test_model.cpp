@@ -19,6 +19,7 @@
 #include "model/kv_cache.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "test_util.h"
 
 namespace deepinfer::model {
 namespace {
@@ -26,19 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kTiny = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny";
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::string read_text(const std::string& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test_util::error_of;
+using test_util::read_text;
 
 TEST(Config, BadFieldIsNamed) {
   auto j = nlohmann::json::parse(read_text(kTiny + "/config.json"));

@@ -39,6 +39,10 @@
 namespace deepinfer::cli {
 namespace {
 
+// --ablate: the smallest max |Δ logits| that counts as "the part acts" (fp32 logits of the same
+// computation are bit-identical, so any real effect is far above it).
+constexpr double kAblateMinDelta = 1e-3;
+
 struct CheckE2eCli {
   std::string model;
   int ep = 1;
@@ -53,6 +57,17 @@ struct CheckE2eCli {
   bool verbose = false;
   SpeculativeOptions speculative;
   HeadOption head;
+  std::string ablate;  // "" | engram | comb: also run prompt 0 with that part switched off
+};
+
+// An ablation of the reference's golden (golden.json "ablations"): prompt 0's golden sequence with
+// the Engram tables zeroed, or every mHC comb the identity.
+struct GoldenAblation {
+  std::string name;
+  std::vector<float> logits;  // [positions, V]
+  int64_t positions = 0;
+  int64_t prompt = 0;
+  double max_abs_delta = 0;  // the reference's max |ablated − normal|
 };
 
 // One verify step of the reference's speculative trace (golden "speculative"/k "steps").
@@ -91,7 +106,8 @@ std::vector<float> read_f32(const std::string& path, int64_t n) {
 }
 
 std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, int64_t& max_new,
-                                      int64_t draft_tokens) {
+                                      int64_t draft_tokens, const std::string& ablate,
+                                      GoldenAblation& ablation) {
   const std::string path = dir + "/golden/golden.json";
   std::ifstream in(path);
   if (!in)
@@ -110,6 +126,24 @@ std::vector<GoldenPrompt> read_golden(const std::string& dir, int64_t& vocab, in
            j.value("format", "?"));
   vocab = j.at("vocab_size").get<int64_t>();
   max_new = j.at("max_new_tokens").get<int64_t>();
+  if (!ablate.empty()) {
+    if (!j.contains("ablations") || !j.at("ablations").contains(ablate))
+      DI_USAGE(
+          "--ablate {}: {} has no ablation golden for '{}' (golden.json \"ablations\"); give a "
+          "model folder whose golden tools/reference/write_golden.py wrote for an Engram/mHC model "
+          "(models/tiny-engram)",
+          ablate, path, ablate);
+    const auto& a = j.at("ablations").at(ablate);
+    const auto shape = a.at("logits_shape").get<std::vector<int64_t>>();
+    DI_CHECK(shape.size() == 2 && shape[1] == vocab, "{}: ablation {} logits_shape mismatch", path,
+             ablate);
+    ablation.name = ablate;
+    ablation.positions = shape[0];
+    ablation.prompt = a.at("prompt_index").get<int64_t>();
+    ablation.max_abs_delta = a.at("max_abs_delta").get<double>();
+    ablation.logits =
+        read_f32(dir + "/golden/" + a.at("logits_file").get<std::string>(), shape[0] * vocab);
+  }
   std::vector<GoldenPrompt> out;
   for (const auto& p : j.at("prompts")) {
     GoldenPrompt g;
@@ -257,7 +291,28 @@ int run_check_e2e(const CheckE2eCli& o) {
   }
   int64_t vocab = 0, max_new = 0;
   const int64_t k = o.speculative.engine_draft_tokens();
-  const auto golden = read_golden(o.model, vocab, max_new, k);
+  GoldenAblation ablation;
+  const auto golden = read_golden(o.model, vocab, max_new, k, o.ablate, ablation);
+  // The ablated run: the golden sequence of the ablation's prompt (ids + generated, the positions
+  // of its logits), teacher-forced in one request of max_new_tokens 1.
+  std::vector<int32_t> ablate_seq;
+  if (!o.ablate.empty()) {
+    const model::ModelConfig c = model::load_config(o.model);
+    if (o.ablate == "engram" && !c.engram.enabled())
+      DI_USAGE("--ablate engram: {} has no Engram blocks (config.json \"engram\")", o.model);
+    if (o.ablate == "comb" && c.hc_mult == 1)
+      DI_USAGE("--ablate comb: {} has no mHC branches (config.json hc_mult is 1)", o.model);
+    DI_CHECK(ablation.prompt >= 0 && ablation.prompt < int64_t(golden.size()),
+             "ablation prompt {} of {}", ablation.prompt, golden.size());
+    const GoldenPrompt& g = golden[size_t(ablation.prompt)];
+    ablate_seq = g.ids;
+    ablate_seq.insert(ablate_seq.end(), g.generated.begin(), g.generated.end());
+    DI_CHECK(ablation.positions >= 1 && ablation.positions <= int64_t(ablate_seq.size()),
+             "ablation covers {} positions of a {}-token sequence", ablation.positions,
+             ablate_seq.size());
+    ablate_seq.resize(size_t(ablation.positions));
+  }
+  runtime::RequestResult ablated;
   runtime::LaunchModelOptions lo;
   lo.model_dir = o.model;
   lo.ep = o.ep;
@@ -291,6 +346,22 @@ int run_check_e2e(const CheckE2eCli& o) {
     }
     const auto local = engine.generate(reqs);
     auto all = runtime::gather_results(ctx.group, local);
+    if (!o.ablate.empty()) {
+      runtime::EngineOptions ea = eo;
+      ea.model.ablate_engram = o.ablate == "engram";
+      ea.model.ablate_comb = o.ablate == "comb";
+      runtime::Engine ablate_engine(ctx.weights, ctx.group, ea);
+      std::vector<runtime::Request> one;
+      if (ctx.group.rank() == 0) {
+        runtime::Request r;
+        r.prompt = ablate_seq;
+        r.max_new_tokens = 1;
+        r.record = true;
+        one.push_back(std::move(r));
+      }
+      auto res = ablate_engine.generate(one);
+      if (ctx.group.rank() == 0) ablated = std::move(res.at(0));
+    }
     if (ctx.group.rank() == 0) {
       results = std::move(all);
       printer = true;
@@ -403,6 +474,48 @@ int run_check_e2e(const CheckE2eCli& o) {
         double(accepted) / double(std::max<int64_t>(drafted, 1)), static_cast<long long>(accepted),
         static_cast<long long>(drafted), static_cast<long long>(k));
   }
+  if (!o.ablate.empty()) {
+    // The ablated logits against the reference's, and how far they moved from the normal run: a
+    // part that does nothing would leave them where they were.
+    const int64_t P = ablation.positions;
+    const auto& normal = results[size_t(ablation.prompt)].logits;
+    std::vector<std::string> problems;
+    if (ablated.num_positions != P || int64_t(normal.size()) < P * vocab) {
+      problems.push_back(fmt::format("{} ablated positions, golden {}", ablated.num_positions, P));
+    } else {
+      std::vector<float> margins(static_cast<size_t>(P));  // of the reference's ablated logits
+      for (int64_t t = 0; t < P; ++t) {
+        const float* b = ablation.logits.data() + t * vocab;
+        std::vector<float> row(b, b + vocab);
+        std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
+        margins[size_t(t)] = row[0] - row[1];
+      }
+      const LogitsCompare lc =
+          compare_logits(ablated.logits.data(), ablation.logits.data(), P, vocab, margins, o);
+      lc.report("ablated logits", o.tol, problems);
+      double delta = 0;
+      for (int64_t i = 0; i < P * vocab; ++i)
+        delta = std::max(delta, std::fabs(double(ablated.logits[size_t(i)]) - normal[size_t(i)]));
+      std::printf(
+          "ablate %s (prompt %lld, %lld positions): max |Δ logits| vs the normal run %.4g "
+          "(reference %.4g); ablated logits rel err %.3e vs the reference's\n",
+          o.ablate.c_str(), static_cast<long long>(ablation.prompt), static_cast<long long>(P),
+          delta, ablation.max_abs_delta, lc.max_rel);
+      if (!(delta > kAblateMinDelta && delta >= 0.5 * ablation.max_abs_delta))
+        problems.push_back(fmt::format(
+            "switching off {} moved the logits by only {:.3g} (reference {:.3g}): it does not act",
+            o.ablate, delta, ablation.max_abs_delta));
+    }
+    if (problems.empty()) {
+      ++passed;
+      std::printf("PASS ablate %s\n", o.ablate.c_str());
+    } else {
+      ++failed;
+      std::string all;
+      for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+      std::printf("FAIL ablate %s: %s\n", o.ablate.c_str(), all.c_str());
+    }
+  }
   const std::string hs = fmt::format("{:016x}", hash);
   std::printf("logits hash: %s\n", hs.c_str());
   if (!o.expect_hash.empty()) {
@@ -452,6 +565,11 @@ DEEPINFER_COMMAND(
       app.add_flag("--verbose", o->verbose, "Per-prompt error figures");
       o->speculative.add_to(app);
       o->head.add_to(app);
+      app.add_option("--ablate", o->ablate,
+                     "Also run prompt 0 with the Engram tables zeroed (engram) or every mHC comb "
+                     "the identity (comb), against the reference's ablation golden, and print how "
+                     "far its logits moved")
+          ->check(CLI::IsMember({"engram", "comb"}));
       return [o] { return run_check_e2e(*o); };
     });
 

@@ -2,9 +2,10 @@
 
     /usr/bin/python3 tools/reference/check_golden.py COMMITTED_DIR REGENERATED_DIR [--rtol 1e-5]
 Token ids, greedy continuations, routing decisions and tokenizer cases must be identical (and, for
-a model with an MTP module, its drafts, routing and speculative traces); logits (and MTP logits)
-must agree per position to ||a-b||/||b|| <= rtol (the same reference on the same inputs is
-expected bit-identical; rtol only absorbs a different BLAS's float64 summation order).
+a model with an MTP module, its drafts, routing and speculative traces; for a model with Engram,
+compression.json and engram_hash.json); logits (MTP logits, ablation logits) must agree per
+position to ||a-b||/||b|| <= rtol (the same reference on the same inputs is expected
+bit-identical; rtol only absorbs a different BLAS's float64 summation order).
 Last line: `reference: N passed, M failed`.
 """
 
@@ -84,6 +85,17 @@ def main():
         compare_logits(report, f"{name} logits", args.committed, a, args.regenerated, b, "logits", args.rtol)
         if "mtp_draft_top1" in a:
             compare_mtp(report, name, args.committed, a, args.regenerated, b, args.rtol)
+    for name, a in ga.get("ablations", {}).items():
+        b = gb.get("ablations", {}).get(name)
+        if b is None:
+            report(f"ablation {name}", False, "missing in the regenerated golden")
+        else:
+            compare_logits(report, f"ablation {name} logits", args.committed, a, args.regenerated, b, "logits", args.rtol)
+    for fn in ("compression.json", "engram_hash.json"):
+        if os.path.exists(os.path.join(args.committed, fn)):
+            pa, pb = os.path.join(args.committed, fn), os.path.join(args.regenerated, fn)
+            same = os.path.exists(pb) and json.load(open(pa)) == json.load(open(pb))
+            report(fn, same, "identical" if same else "differs or missing")
     tok_same = [x["ids"] == y["ids"] and x["text"] == y["text"] for x, y in zip(ta, tb)]
     report("tokenizer cases", len(ta) == len(tb) and all(tok_same), f"{sum(tok_same)}/{len(ta)} identical")
     print(f"reference: {passed} passed, {failed} failed")

@@ -14,10 +14,14 @@ over a sequence), mtp_chain (k drafts) and speculative_greedy (greedy self-specu
 import json
 import math
 import os
+import unicodedata
 
+import regex
 import torch
 
+from bpe import Tokenizer
 from numerics import Fp8Weight, bf16, bf16_linear, dot_f32, fp8_linear, quantize_weight
+from numpy_rng_values import engram_params
 from safetensors_io import read_safetensors
 
 
@@ -73,10 +77,177 @@ class Config:
             raise ConfigError(f"config.json: hidden_act '{self.hidden_act}' is not silu")
         if self.qk_rope_head_dim % 2:
             raise ConfigError("config.json: qk_rope_head_dim must be even")
+        # mHC (NUMERICS.md "mHC"): hc_mult residual branches; 1 = the plain residual stream
+        self.hc_mult = int(raw.get("hc_mult") or 1)
+        if self.hc_mult not in (1, 4):
+            raise ConfigError(f"config.json: hc_mult must be 1 (plain residual) or 4 (mHC), got {self.hc_mult}")
+        self.hc_sinkhorn_repeat = int(raw.get("hc_sinkhorn_repeat", 10))
+        self.hc_eps = float(raw.get("hc_eps", 1e-6))
+        self.hc_post_mult = float(raw.get("hc_post_mult", 2.0))
+        if self.hc_sinkhorn_repeat < 1 or not self.hc_eps > 0 or not self.hc_post_mult > 0:
+            raise ConfigError("config.json: hc_sinkhorn_repeat must be >= 1 and hc_eps, hc_post_mult > 0 (got "
+                              f"{self.hc_sinkhorn_repeat}, {self.hc_eps}, {self.hc_post_mult})")
+        if self.hc_mult > 1 and self.num_nextn_predict_layers:
+            raise ConfigError("config.json: MTP modules (num_nextn_predict_layers) with hc_mult > 1 are not "
+                              "defined by this reference: use hc_mult 1 or no MTP module")
+        self.engram = EngramConfig(raw["engram"], self) if raw.get("engram") is not None else None
 
     def is_moe_layer(self, i):
         # HF remote-code / vLLM rule.
         return self.n_routed_experts > 0 and i >= self.first_k_dense_replace and i % self.moe_layer_freq == 0
+
+
+class EngramConfig:
+    """The config.json "engram" object (NUMERICS.md "Engram"), checked on load."""
+
+    KEYS = ("layer_ids", "max_ngram_size", "n_head_per_ngram", "n_embed_per_ngram", "engram_vocab_size",
+            "kernel_size", "pad_id", "seed")
+
+    def __init__(self, raw, cfg):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config.json: 'engram' must be an object, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(self.KEYS))
+        if unknown:
+            raise ConfigError(f"config.json: unknown key(s) {unknown} in 'engram' (known: {', '.join(self.KEYS)})")
+        missing = [k for k in self.KEYS if raw.get(k) is None]
+        if missing:
+            raise ConfigError(f"config.json: 'engram' is missing {missing}")
+
+        def integer(key, lo):
+            v = raw[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"config.json: engram.{key} must be an integer >= {lo}, got {v!r}")
+            return v
+
+        def int_list(key, lo):
+            v = raw[key]
+            if not isinstance(v, list) or not v or any(isinstance(x, bool) or not isinstance(x, int) or x < lo
+                                                       for x in v):
+                raise ConfigError(f"config.json: engram.{key} must be a non-empty list of integers >= {lo}, got {v!r}")
+            return list(v)
+
+        self.max_ngram_size = integer("max_ngram_size", 2)
+        self.n_head_per_ngram = integer("n_head_per_ngram", 1)
+        self.n_embed_per_ngram = integer("n_embed_per_ngram", 1)
+        self.kernel_size = integer("kernel_size", 1)
+        self.pad_id = integer("pad_id", 0)
+        self.seed = integer("seed", 0)
+        self.layer_ids = int_list("layer_ids", 0)
+        self.engram_vocab_size = int_list("engram_vocab_size", 2)
+        if any(b <= a for a, b in zip(self.layer_ids, self.layer_ids[1:])) or \
+                self.layer_ids[-1] >= cfg.num_hidden_layers:
+            raise ConfigError(f"config.json: engram.layer_ids {self.layer_ids} must be strictly increasing block "
+                              f"indices below num_hidden_layers {cfg.num_hidden_layers}")
+        if len(self.engram_vocab_size) != self.max_ngram_size - 1:
+            raise ConfigError(f"config.json: engram.engram_vocab_size needs max_ngram_size - 1 = "
+                              f"{self.max_ngram_size - 1} entries (orders 2..{self.max_ngram_size}), got "
+                              f"{len(self.engram_vocab_size)}")
+        if self.n_embed_per_ngram % self.n_head_per_ngram:
+            raise ConfigError(f"config.json: engram.n_embed_per_ngram {self.n_embed_per_ngram} is not a multiple of "
+                              f"n_head_per_ngram {self.n_head_per_ngram} (a head row has n_embed / n_head values)")
+        self.head_dim = self.n_embed_per_ngram // self.n_head_per_ngram  # D
+        self.num_heads = (self.max_ngram_size - 1) * self.n_head_per_ngram  # heads per layer
+        self.embed_dim = (self.max_ngram_size - 1) * self.n_embed_per_ngram  # E
+        self.dilation = self.max_ngram_size
+
+
+# ---- Engram: tokenizer compression and n-gram hash (NUMERICS.md "Engram") ----
+
+_SENTINEL = "\ue000"  # protects a lone-space key from the strip, as the demo's normalizer does
+_WS_RUN = regex.compile(r"[ \t\r\n]+")
+_STRIP = regex.compile(r"^\p{White_Space}+|\p{White_Space}+$")
+
+
+def compression_normalize(text):
+    """The demo's key normalizer (HF tokenizers' chain): NFKC, NFD, drop every mark (general category
+    M: Mn, Mc, Me, as HF's StripAccents does), lowercase (per character), every run of space/tab/CR/LF -> one space, a string that is exactly one space is
+    protected, strip Unicode White_Space at both ends, un-protect."""
+    s = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text))
+    s = "".join(ch.lower() for ch in s if not unicodedata.category(ch).startswith("M"))
+    s = _WS_RUN.sub(" ", s)
+    if s == " ":
+        s = _SENTINEL
+    return _STRIP.sub("", s).replace(_SENTINEL, " ")
+
+
+def compression_table(tok):
+    """raw id -> canonical id over every id of the tokenizer (bpe.Tokenizer), and V'.
+    Key: decode([id]) (special tokens kept); if it contains U+FFFD (an incomplete UTF-8 piece) the
+    raw token string instead; else its normalized form, or the text itself if that is empty.
+    Canonical ids number the keys in order of first appearance, scanning ids ascending."""
+    n = max(tok.id_to_token) + 1
+    keys, table = {}, []
+    for tid in range(n):
+        if tid not in tok.id_to_token:
+            raise ValueError(f"tokenizer: id {tid} has no token (ids must be dense 0..{n - 1})")
+        text = tok.decode([tid])
+        key = tok.id_to_token[tid] if "\ufffd" in text else (compression_normalize(text) or text)
+        table.append(keys.setdefault(key, len(keys)))
+    return table, len(keys)
+
+
+def engram_indices(canon, pad, multipliers, table_sizes, n_head):
+    """canon [..., T] canonical ids (int64) -> [..., T, H] global table rows of one Engram layer.
+    Position t-k before the sequence start is the canonical pad id. Order n = 2..len(multipliers):
+    mix_n = XOR_{k<n} canon[t-k] * m_k (int64, never overflows: ids < V', m_k < INT64_MAX / V');
+    head j of order n: mix_n mod p + offset (offset = sum of the sizes of the heads before it, head
+    order: order 2's n_head heads, then order 3's, ...)."""
+    t_len = canon.shape[-1]
+    g = len(multipliers)
+    if len(table_sizes) != (g - 1) * n_head:
+        raise ValueError(f"engram_indices: {len(table_sizes)} table sizes for {g - 1} orders x {n_head} heads")
+    padded = torch.cat([torch.full(canon.shape[:-1] + (g - 1,), pad, dtype=torch.long), canon.long()], -1)
+    mix = padded[..., g - 1:] * multipliers[0]
+    out, offset, h = [], 0, 0
+    for n in range(2, g + 1):
+        k = n - 1
+        mix = torch.bitwise_xor(mix, padded[..., g - 1 - k: g - 1 - k + t_len] * multipliers[k])
+        for _ in range(n_head):
+            out.append(torch.remainder(mix, table_sizes[h]) + offset)
+            offset += table_sizes[h]
+            h += 1
+    return torch.stack(out, -1)
+
+
+def engram_hash_params(ecfg, vocab_compressed):
+    """Per Engram layer: (multipliers [max_ngram_size] ints, table sizes [(max_ngram_size-1)*n_head]
+    primes) from NumPy's default_rng (numpy_rng_values.engram_params)."""
+    p = engram_params(vocab_compressed, ecfg.layer_ids, ecfg.max_ngram_size, ecfg.n_head_per_ngram,
+                      ecfg.engram_vocab_size, ecfg.seed)
+    return {layer: ([int(m) for m in p["multipliers"][i]], [q for order in p["primes"][i] for q in order])
+            for i, layer in enumerate(ecfg.layer_ids)}
+
+
+# ---- mHC (NUMERICS.md "mHC"); these run on autograd tensors too (train_tiny.py) ----
+
+def sinkhorn(c, repeat, eps):
+    """c [..., n, n] -> near doubly stochastic: softmax over the last dim (j) + eps, columns divided
+    by (column sum + eps), then repeat-1 times rows, then columns, divided by (sum + eps)."""
+    c = torch.softmax(c, dim=-1) + eps
+    c = c / (c.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(repeat - 1):
+        c = c / (c.sum(dim=-1, keepdim=True) + eps)
+        c = c / (c.sum(dim=-2, keepdim=True) + eps)
+    return c
+
+
+def mhc_coefficients(mixes, scale, base, hc, eps, post_mult, repeat):
+    """mixes [..., hc(hc+2)] -> pre [..., hc], post [..., hc], comb [..., hc, hc] (comb[m, j]: the
+    weight of old branch m in new branch j)."""
+    pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + eps
+    post = torch.sigmoid(mixes[..., hc: 2 * hc] * scale[1] + base[hc: 2 * hc]) * post_mult
+    comb = mixes[..., 2 * hc:] * scale[2] + base[2 * hc:]
+    comb = sinkhorn(comb.reshape(comb.shape[:-1] + (hc, hc)), repeat, eps)
+    return pre, post, comb
+
+
+def weighted_branch_sum(w, r, out=None):
+    """bf16(out + sum_m w[:, m] * r[:, m]) in fp32, m ascending (one multiply, one add per term)."""
+    acc = out
+    for m in range(r.shape[1]):
+        term = w[:, m: m + 1] * r[:, m]
+        acc = term if acc is None else acc + term
+    return bf16(acc)
 
 
 # ---- RoPE with YaRN ----
@@ -167,7 +338,8 @@ class Model:
     """Weights of one checkpoint plus the forward pass. mode: "fp8" (docs/numerics.md §3 default:
     activations quantized 1x128, block-scaled fp8 GEMM) or "bf16" (weights dequantized to bf16 once)."""
 
-    def __init__(self, cfg, tensors, mode="fp8"):
+    def __init__(self, cfg, tensors, mode="fp8", compression=None):
+        """compression: (raw -> canonical id list, V') from compression_table; needed with Engram."""
         if mode not in ("fp8", "bf16"):
             raise ValueError(f"mode must be fp8 or bf16, got {mode}")
         self.cfg, self.mode = cfg, mode
@@ -177,6 +349,60 @@ class Model:
         self.scale = softmax_scale(cfg)
         self._linears = {}
         self._dense = {}
+        self.identity_comb = False  # ablation: every mHC comb replaced by the identity matrix
+        self.compression = compression
+        self.engram_hash = {}  # layer -> (multipliers, table sizes)
+        if cfg.engram is not None:
+            if compression is None:
+                raise ValueError("a model with Engram needs the tokenizer's compression table (Model.load reads "
+                                 "tokenizer.json from the checkpoint folder)")
+            self.engram_hash = engram_hash_params(cfg.engram, compression[1])
+            for layer in cfg.engram.layer_ids:
+                self._check_engram_tensors(layer)
+        if cfg.hc_mult > 1:
+            hc = cfg.hc_mult
+            for i in range(cfg.num_hidden_layers):
+                for sub in ("attn_hc", "ffn_hc"):
+                    self._check_hc(f"model.layers.{i}.{sub}", hc * (hc + 2), 3)
+            self._check_hc("model.hc_head", hc, 1)
+
+    def _check(self, name, shape, dtypes):
+        dtype, t = self._get(name)
+        if dtype not in dtypes or list(t.shape) != list(shape):
+            raise ValueError(f"tensor {name} is {dtype} {list(t.shape)}, expected {'/'.join(dtypes)} {list(shape)}")
+        return t
+
+    def _check_hc(self, prefix, mixes, scales):
+        d = self.cfg.hc_mult * self.cfg.hidden_size
+        self._check(prefix + ".fn", [mixes, d], ("F32",))
+        self._check(prefix + ".scale", [scales], ("F32",))
+        self._check(prefix + ".base", [mixes], ("F32",))
+
+    def _check_engram_tensors(self, layer):
+        """Shapes of block `layer`'s Engram tensors; the optional I64 multipliers / table_sizes
+        replace the derived hash parameters (multipliers must be odd)."""
+        e, c = self.cfg.engram, self.cfg
+        p = f"model.layers.{layer}.engram."
+        mult, sizes = self.engram_hash[layer]
+        if p + "multipliers" in self.t:
+            mult = [int(v) for v in self._check(p + "multipliers", [e.max_ngram_size], ("I64",))]
+            if any(m % 2 == 0 or m <= 0 for m in mult):
+                raise ValueError(f"tensor {p}multipliers must hold positive odd values, got {mult}")
+        if p + "table_sizes" in self.t:
+            sizes = [int(v) for v in self._check(p + "table_sizes", [e.num_heads], ("I64",))]
+            if any(q <= 0 for q in sizes):
+                raise ValueError(f"tensor {p}table_sizes must be positive, got {sizes}")
+        self.engram_hash[layer] = (mult, sizes)
+        d, hc, bf = c.hidden_size, c.hc_mult, ("BF16",)
+        self._check(p + "embedding.weight", [sum(sizes), e.head_dim], bf)
+        self._check(p + "value_proj.weight", [d, e.embed_dim], bf)
+        self._check(p + "value_proj.bias", [d], bf)
+        for i in range(hc):
+            self._check(f"{p}key_projs.{i}.weight", [d, e.embed_dim], bf)
+            self._check(f"{p}key_projs.{i}.bias", [d], bf)
+            for n in (f"norm1.{i}", f"norm2.{i}", f"short_conv.norms.{i}"):
+                self._check(f"{p}{n}.weight", [d], bf)
+        self._check(p + "short_conv.conv.weight", [hc * d, 1, e.kernel_size], bf)
 
     @staticmethod
     def load(folder, mode="fp8"):
@@ -192,7 +418,10 @@ class Model:
         for fn in files:
             t, _ = read_safetensors(os.path.join(folder, fn))
             tensors.update(t)
-        return Model(cfg, tensors, mode)
+        compression = None
+        if cfg.engram is not None:
+            compression = compression_table(Tokenizer.load(os.path.join(folder, "tokenizer.json")))
+        return Model(cfg, tensors, mode, compression)
 
     # -- weight access --
     def _get(self, name):
@@ -330,19 +559,118 @@ class Model:
             routed = bf16(routed + self.mlp(p + "shared_experts.", x))
         return routed, {"experts": idx, "weights": w, "margin": margin}
 
+    def attn_sublayer(self, i, x, positions):
+        """input_layernorm + attention of block i: x [T, D] bf16 -> [T, D] bf16."""
+        x = rms_norm(x, self.vec(f"model.layers.{i}.input_layernorm.weight"), self.cfg.rms_norm_eps)
+        return self.attention(i, x, positions)
+
+    def ffn_sublayer(self, i, x, trace):
+        """post_attention_layernorm + dense MLP or MoE of block i (routing recorded in trace)."""
+        lp = f"model.layers.{i}."
+        x = rms_norm(x, self.vec(lp + "post_attention_layernorm.weight"), self.cfg.rms_norm_eps)
+        if self.cfg.is_moe_layer(i):
+            f, trace[i] = self.moe(i, x)
+            return f
+        return self.mlp(lp + "mlp.", x)
+
     def layer(self, i, h, positions, trace):
         """Decoder block i (attention + dense MLP or MoE) on the residual stream h [T, D] bf16, causal
         over positions 0..T-1 of this call. Records layer i's routing in trace if it is MoE."""
+        h = bf16(h + self.attn_sublayer(i, h, positions))
+        return bf16(h + self.ffn_sublayer(i, h, trace))
+
+    # -- mHC (hc_mult > 1) --
+    def _mixes(self, r, prefix):
+        """r [T, hc, d] bf16 -> mixes [T, M] fp32 = fp32(R_flat . fn^T) * rsqrt(fp32(sum R_flat^2) / (hc d) + eps)."""
         c = self.cfg
+        flat = r.reshape(r.shape[0], -1)
+        dots = dot_f32(flat, self.vec(prefix + ".fn"))
+        sumsq = (flat.double() ** 2).sum(-1).to(torch.float32)
+        n = torch.tensor(flat.shape[1], dtype=torch.float32)
+        eps = torch.tensor(c.hc_eps, dtype=torch.float32)
+        return dots * torch.rsqrt(sumsq / n + eps)[:, None]
+
+    def mhc_pre(self, r, prefix):
+        """-> x [T, d] bf16 (the sub-layer input), post [T, hc], comb [T, hc, hc] fp32."""
+        c = self.cfg
+        pre, post, comb = mhc_coefficients(self._mixes(r, prefix), self.vec(prefix + ".scale"),
+                                           self.vec(prefix + ".base"), c.hc_mult, c.hc_eps, c.hc_post_mult,
+                                           c.hc_sinkhorn_repeat)
+        if self.identity_comb:
+            comb = torch.eye(c.hc_mult, dtype=torch.float32).expand_as(comb)
+        return weighted_branch_sum(pre, r), post, comb
+
+    @staticmethod
+    def mhc_post(y, r, post, comb):
+        """R'[:, j] = bf16(post_j y + sum_m comb[m, j] R[:, m]) (fp32, m ascending)."""
+        return torch.stack([weighted_branch_sum(comb[:, :, j], r, post[:, j: j + 1] * y)
+                            for j in range(r.shape[1])], dim=1)
+
+    def mhc_head(self, r):
+        """out = bf16(sum_m (sigmoid(mix_m s + b_m) + eps) R_m) -> [T, d]."""
+        p = "model.hc_head"
+        w = torch.sigmoid(self._mixes(r, p) * self.vec(p + ".scale")[0] + self.vec(p + ".base")) + self.cfg.hc_eps
+        return weighted_branch_sum(w, r)
+
+    def hc_layer(self, i, r, positions, trace):
+        """Decoder block i on the hc residual branches r [T, hc, d] (mhc_pre -> sub-layer -> mhc_post)."""
         lp = f"model.layers.{i}."
-        x = rms_norm(h, self.vec(lp + "input_layernorm.weight"), c.rms_norm_eps)
-        h = bf16(h + self.attention(i, x, positions))
-        x = rms_norm(h, self.vec(lp + "post_attention_layernorm.weight"), c.rms_norm_eps)
-        if c.is_moe_layer(i):
-            f, trace[i] = self.moe(i, x)
-        else:
-            f = self.mlp(lp + "mlp.", x)
-        return bf16(h + f)
+        x, post, comb = self.mhc_pre(r, lp + "attn_hc")
+        r = self.mhc_post(self.attn_sublayer(i, x, positions), r, post, comb)
+        x, post, comb = self.mhc_pre(r, lp + "ffn_hc")
+        return self.mhc_post(self.ffn_sublayer(i, x, trace), r, post, comb)
+
+    # -- Engram --
+    def canonical_ids(self, ids):
+        table = self.compression[0]
+        bad = [i for i in ids if not 0 <= i < len(table)]
+        if bad:
+            raise ValueError(f"token id(s) {bad[:5]} outside the tokenizer's {len(table)} ids (compression table)")
+        return torch.tensor([table[i] for i in ids], dtype=torch.long)
+
+    def engram_rows(self, layer, ids):
+        """Global table rows [T, H] of Engram block `layer` for the raw ids of a sequence."""
+        e = self.cfg.engram
+        mult, sizes = self.engram_hash[layer]
+        pad = self.canonical_ids([e.pad_id])[0]
+        return engram_indices(self.canonical_ids(ids), pad, mult, sizes, e.n_head_per_ngram)
+
+    def engram(self, layer, r, ids):
+        """Engram block of `layer` on r [T, hc, d] bf16 (NUMERICS.md "Engram") -> new r."""
+        c, e = self.cfg, self.cfg.engram
+        p = f"model.layers.{layer}.engram."
+        t_len, hc, d = r.shape
+        rows = self.engram_rows(layer, ids)  # [T, H]
+        emb = self.vec(p + "embedding.weight")[rows].reshape(t_len, e.embed_dim)  # exact bf16 rows
+        v = bf16(dot_f32(emb, self.vec(p + "value_proj.weight")) + self.vec(p + "value_proj.bias"))
+        sqrt_d = torch.tensor(math.sqrt(d), dtype=torch.float32)
+        eps = torch.tensor(c.rms_norm_eps, dtype=torch.float32)
+        clamp = torch.tensor(1e-6, dtype=torch.float32)
+        w_conv = self.vec(p + "short_conv.conv.weight").double()  # [hc d, 1, K]
+        out = []
+        for i in range(hc):
+            k = bf16(dot_f32(emb, self.vec(f"{p}key_projs.{i}.weight")) + self.vec(f"{p}key_projs.{i}.bias"))
+            x = r[:, i]
+            w = self.vec(f"{p}norm1.{i}.weight") * self.vec(f"{p}norm2.{i}.weight")  # exact in fp32
+            raw = (x.double() * k.double() * w.double()).sum(-1).to(torch.float32)
+            rstd_x = torch.rsqrt((x.double() ** 2).mean(-1).to(torch.float32) + eps)
+            rstd_k = torch.rsqrt((k.double() ** 2).mean(-1).to(torch.float32) + eps)
+            dot = raw * rstd_x * rstd_k / sqrt_d
+            g = torch.sigmoid(torch.sign(dot) * torch.sqrt(torch.maximum(dot.abs(), clamp)))
+            gv = g[:, None] * v  # fp32
+            gated = bf16(x + gv)
+            n = rms_norm(bf16(gv), self.vec(f"{p}short_conv.norms.{i}.weight"), 1e-5)
+            # causal dilated depthwise conv over time, channels i*d .. i*d+d-1 (exact, rounded to fp32)
+            conv = torch.zeros(t_len, d, dtype=torch.float64)
+            kk = e.kernel_size
+            for j in range(kk):
+                shift = (kk - 1 - j) * e.dilation
+                if shift < t_len:
+                    conv[shift:] += w_conv[i * d: (i + 1) * d, 0, j] * n[: t_len - shift].double()
+            conv = conv.to(torch.float32).double()
+            s = bf16(conv * torch.sigmoid(conv))  # SiLU in float64 from the fp32 conv, one rounding
+            out.append(bf16(gated + s))
+        return torch.stack(out, dim=1)
 
     def head(self, h, norm, head):
         """Logits [T, V] fp32 = exact dot of RMSNorm_norm(h) (bf16) and the BF16 head weight."""
@@ -360,9 +688,20 @@ class Model:
         positions = torch.arange(len(ids), dtype=torch.long)
         h = bf16(self.vec("model.embed_tokens.weight")[ids_t])  # [T, D]
         trace = {}
+        if c.hc_mult == 1 and c.engram is None:
+            for i in range(c.num_hidden_layers):
+                h = self.layer(i, h, positions, trace)
+            return h, trace
+        r = h[:, None, :].repeat(1, c.hc_mult, 1)  # [T, hc, D]: hc copies of the embedding
+        engram_layers = c.engram.layer_ids if c.engram is not None else []
         for i in range(c.num_hidden_layers):
-            h = self.layer(i, h, positions, trace)
-        return h, trace
+            if i in engram_layers:
+                r = self.engram(i, r, ids)
+            if c.hc_mult > 1:
+                r = self.hc_layer(i, r, positions, trace)
+            else:
+                r = self.layer(i, r[:, 0], positions, trace)[:, None]
+        return (self.mhc_head(r) if c.hc_mult > 1 else r[:, 0]), trace
 
     def forward(self, ids, return_hidden=False):
         """ids: list of token ids (a sequence from position 0) -> (logits [T, V] fp32, trace), plus the

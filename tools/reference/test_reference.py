@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numerics as nx  # noqa: E402
 from bpe import Tokenizer  # noqa: E402
-from model import Config, Model, greedy, mtp_chain, rope_inv_freq, softmax_scale, speculative_greedy  # noqa: E402
+from model import (Config, ConfigError, Model, compression_normalize, compression_table, engram_hash_params,  # noqa: E402
+                   engram_indices, greedy, mtp_chain, rope_inv_freq, sinkhorn, softmax_scale, speculative_greedy)
 from safetensors_io import SafetensorsError, read_safetensors, write_safetensors  # noqa: E402
 
 FAILURES = []
@@ -257,20 +258,228 @@ def test_mtp(model_dir):
           "rel " + ", ".join(f"{r:.3f}" for r in rels) + " (wrong window: " + ", ".join(f"{w:.3f}" for w in wrong) + ")")
 
 
+class _FakeTokenizer:
+    """A bpe.Tokenizer over a hand-written byte-level vocabulary (no merges)."""
+
+    def __new__(cls, vocab, added):
+        return Tokenizer(vocab, [], added)
+
+
+def test_engram_config():
+    base = dict(train_tiny_config("tiny-engram"))
+    bad = {
+        "unknown engram key": dict(base, engram=dict(base["engram"], n_heads=4)),
+        "missing engram key": dict(base, engram={k: v for k, v in base["engram"].items() if k != "seed"}),
+        "hc_mult 2": dict(base, hc_mult=2),
+        "layer id out of range": dict(base, engram=dict(base["engram"], layer_ids=[1, 4])),
+        "layer ids not increasing": dict(base, engram=dict(base["engram"], layer_ids=[1, 1])),
+        "budget list length": dict(base, engram=dict(base["engram"], engram_vocab_size=[1024])),
+        "D not integral": dict(base, engram=dict(base["engram"], n_embed_per_ngram=130)),
+    }
+    errors = {}
+    for name, raw in bad.items():
+        try:
+            Config(raw)
+            errors[name] = None
+        except ConfigError as e:
+            errors[name] = str(e)
+    check("engram/mHC config mistakes are ConfigErrors naming the field", all(errors.values()),
+          "; ".join(f"{k}: {(v or 'ACCEPTED')[:60]}" for k, v in errors.items() if not v) or
+          f"{len(errors)} cases, e.g. '{errors['unknown engram key'][:70]}'")
+    c = Config(base)
+    check("tiny-engram config: D = 32, E = 256, 8 heads, dilation 3, hc 4",
+          (c.engram.head_dim, c.engram.embed_dim, c.engram.num_heads, c.engram.dilation, c.hc_mult) == (32, 256, 8, 3, 4))
+
+
+def train_tiny_config(arch):
+    import train_tiny
+    return train_tiny.ARCHS[arch]
+
+
+def test_sinkhorn():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(50, 4, 4, generator=g)
+    c = sinkhorn(logits, 10, 1e-6)
+    rows, cols = (c.sum(-1) - 1).abs().max().item(), (c.sum(-2) - 1).abs().max().item()
+    c100 = sinkhorn(logits, 100, 1e-6)
+    rows100 = (c100.sum(-1) - 1).abs().max().item()
+    check("Sinkhorn (10 repeats) is near doubly stochastic and positive; more repeats converge",
+          rows < 5e-3 and cols < 1e-5 and rows100 < 1e-5 and bool((c > 0).all()),
+          f"max |row sum - 1| {rows:.1e} (100 repeats: {rows100:.1e}), |column sum - 1| {cols:.1e}")
+    one = sinkhorn(torch.zeros(1, 4, 4), 1, 0.0)
+    check("Sinkhorn of equal logits = 1/n everywhere", torch.allclose(one, torch.full((1, 4, 4), 0.25)))
+
+
+def test_compression():
+    cases = {"Café": "cafe", "ÉCOLE  Normale": "ecole normale", "  Hello\t\n World  ": "hello world",
+             " ": " ", "\n": " ", "\t\r\n ": " ", "\u00a0": " ", "ﬁne": "fine", "Ｆｕｌｌ": "full",
+             "e\u0301": "e", "Zürich": "zurich", "\x0b": "", "": "", "A\u3000B": "a b",
+             "\u0915\u093f": "\u0915", "o\u20dd": "o", "ΑΣ": "ασ", "x\x1c": "x\x1c"}  # Mc, Me, no final sigma
+    got = {t: compression_normalize(t) for t in cases}
+    check("compression normalizer: NFKC, NFD, drop marks, per-char lower, whitespace runs, lone space kept",
+          got == cases, "; ".join(f"{t!r} -> {got[t]!r} (want {w!r})" for t, w in cases.items() if got[t] != w))
+    # byte-level vocabulary: 'Ġ' = space, 'Ċ' = LF, 'Ã'/'©' = the bytes C3/A9 (lone: incomplete UTF-8)
+    vocab = {"Hello": 0, "hello": 1, "Ġhello": 2, "Ã": 3, "©": 4, "Ġ": 5, "Ċ": 6, "ĠĠ": 7, "Ã©": 8, "e": 9,
+             "ċ": 10}
+    tok = _FakeTokenizer(vocab, {"<｜User｜>": 11})
+    table, v = compression_table(tok)
+    want = [0, 0, 0, 1, 2, 3, 3, 3, 4, 4, 5, 6]  # 'ċ' = byte 0x0B: normalizes to '', keeps its text
+    check("compression table: first-appearance ids, U+FFFD fragments stay distinct, whitespace tokens merge",
+          table == want and v == 7, f"{table}, V' = {v}")
+
+
+def test_engram_hash():
+    # closed form: multipliers [3, 5, 7], one head per order with sizes 11 (order 2) and 13 (order 3)
+    rows = engram_indices(torch.tensor([4, 1, 2]), 1, [3, 5, 7], [11, 13], 1).tolist()
+    # t=0: (4*3 ^ 1*5) = 9 -> 9 % 11 = 9; (9 ^ 1*7) = 14 -> 14 % 13 = 1, + 11
+    # t=1: (1*3 ^ 4*5) = 23 -> 1; (23 ^ 7) = 16 -> 3, + 11;  t=2: (6 ^ 5) = 3 -> 3; (3 ^ 28) = 31 -> 5, + 11
+    check("engram hash of a hand-computed example (pad fills t-k < 0, head offsets)",
+          rows == [[9, 12], [1, 14], [3, 16]], str(rows))
+    demo = {"layer_ids": [1, 15], "max_ngram_size": 3, "n_head_per_ngram": 8, "n_embed_per_ngram": 512,
+            "engram_vocab_size": [646400, 646400], "kernel_size": 4, "pad_id": 2, "seed": 0}
+    cfg = Config(dict(train_tiny_config("tiny"), num_hidden_layers=30, engram=demo))
+    params = engram_hash_params(cfg.engram, 129280)
+    primes1 = [646403, 646411, 646421, 646423, 646433, 646453, 646519, 646523,
+               646537, 646543, 646549, 646571, 646573, 646577, 646609, 646619]
+    primes15 = [646631, 646637, 646643, 646669, 646687, 646721, 646757, 646771,
+                646781, 646823, 646831, 646837, 646843, 646859, 646873, 646879]
+    check("demo config: primes of layers 1 and 15 (spec §1.3), row totals 10,344,164 / 10,348,242",
+          params[1][1] == primes1 and params[15][1] == primes15 and sum(primes1) == 10344164
+          and sum(primes15) == 10348242)
+    check("demo config: layer 1 multipliers at V' = 129280",
+          params[1][0] == [58737837727525, 3709723095905, 27562777300965], str(params[1][0]))
+    # large ids and multipliers: the int64 tensor arithmetic against Python's exact integers
+    mult, sizes = params[1]
+    canon = [129279, 0, 77777, 2, 129278, 5]
+    got = engram_indices(torch.tensor(canon), 2, mult, sizes, 8).tolist()
+    want = []
+    for t in range(len(canon)):
+        s = [canon[t - k] if t - k >= 0 else 2 for k in range(3)]
+        mix2 = (s[0] * mult[0]) ^ (s[1] * mult[1])
+        mix3 = mix2 ^ (s[2] * mult[2])
+        row = [(mix2 if h < 8 else mix3) % sizes[h] + sum(sizes[:h]) for h in range(16)]
+        want.append(row)
+    check("engram hash with the demo multipliers == Python exact integers", got == want)
+
+
+def engram_test_model():
+    """An untrained tiny-engram (random init, the training code's export) on models/tiny's tokenizer."""
+    import train_tiny
+    here = os.path.dirname(os.path.abspath(__file__))
+    tok = Tokenizer.load(os.path.join(here, "..", "..", "models", "tiny", "tokenizer.json"))
+    cfg = Config(train_tiny_config("tiny-engram"))
+    comp = compression_table(tok)
+    torch.manual_seed(7)
+    tm = train_tiny.TinyDeepseek(cfg, comp)
+    with torch.no_grad():  # larger Engram values than the init, so its effect is well above bf16 noise
+        for i in range(4):
+            tm.layers[1].engram.key_projs[i].bias.normal_(std=0.5)
+        tm.layers[1].engram.value_proj.bias.normal_(std=0.5)
+    tm.eval()
+    return tm, Model(cfg, train_tiny.export_tensors(tm), "fp8", comp)
+
+
+def test_engram_block():
+    tm, m = engram_test_model()
+    g = torch.Generator().manual_seed(11)
+    ids = [0] + torch.randint(4, 2048, (20,), generator=g).tolist()
+    r = nx.bf16(torch.randn(len(ids), 4, 256, generator=g) * 0.01)
+    out = m.engram(1, r, ids)
+    t = 9
+    # a later token: nothing before it changes
+    other = ids[:t] + [(x * 7 + 1) % 2048 for x in ids[t:]]
+    out2 = m.engram(1, r, other)
+    check("engram block is causal: changing tokens >= t leaves positions < t bit-identical",
+          torch.equal(out[:t], out2[:t]) and not torch.equal(out[t:], out2[t:]))
+    # one hidden state at t: the gate changes there, the dilated conv carries it to t+3, t+6, t+9 only
+    r2 = r.clone()
+    r2[t] = nx.bf16(r2[t] * 3 + 0.05)
+    diff = (m.engram(1, r2, ids) - out).abs().amax(dim=(1, 2))
+    changed = [p for p in range(len(ids)) if diff[p] > 0]
+    check("short conv: kernel 4, dilation 3 (a change at t reaches t, t+3, t+6, t+9 only)",
+          changed == [t, t + 3, t + 6, t + 9], f"changed positions {changed}")
+    with torch.no_grad():
+        rows = tm.engram_rows(torch.tensor([ids]), 1)
+        want = tm.layers[1].engram(r[None], rows)[0]
+    rel = float((out - want).norm() / (want - r).norm())
+    check("engram block == the training code's fp32 Engram (F.conv1d) within bf16 noise",
+          torch.equal(rows[0], m.engram_rows(1, ids)) and rel < 1e-2, f"rel {rel:.2e} of the Engram delta")
+
+    c = m.cfg
+    x, post, comb = m.mhc_pre(r, "model.layers.2.ffn_hc")
+    y = nx.bf16(torch.randn(len(ids), 256, generator=g))
+    with torch.no_grad():
+        hc = tm.layers[2].ffn_hc
+        tx, tp, tcomb = hc.pre(r[None], c)
+        ty = hc.post(y[None], r[None], tp, tcomb)[0]
+        th = tm.hc_head.head(r[None], c)[0]
+    rel_x = float((x - tx[0]).norm() / tx.norm())
+    rel_y = float((m.mhc_post(y, r, post, comb) - ty).norm() / ty.norm())
+    rel_h = float((m.mhc_head(r) - th).norm() / th.norm())
+    check("mhc pre / post / head == the training code's fp32 forms within bf16 noise",
+          max(rel_x, rel_y, rel_h) < 5e-3, f"rel x {rel_x:.1e}, R' {rel_y:.1e}, head {rel_h:.1e}")
+
+    tensors = dict(m.t)
+    tensors["model.layers.1.engram.multipliers"] = ("I64", torch.tensor([3, 5, 7]))
+    m2 = Model(c, tensors, "fp8", m.compression)
+    tensors["model.layers.1.engram.multipliers"] = ("I64", torch.tensor([3, 4, 7]))
+    try:
+        Model(c, tensors, "fp8", m.compression)
+        err = ""
+    except ValueError as e:
+        err = str(e)
+    check("checkpoint multipliers replace the derived ones; an even one is an error",
+          m2.engram_hash[1][0] == [3, 5, 7] and "odd" in err, err[:80])
+
+
+def test_engram_model(model_dir):
+    """A trained Engram/mHC checkpoint: the reference's fp8 forward against the training code's fp32
+    forward of the same exported weights (F.conv1d, einsum mHC), and what the ablations change."""
+    import train_tiny
+    m = Model.load(model_dir)
+    tok = Tokenizer.load(os.path.join(model_dir, "tokenizer.json"))
+    tm = train_tiny.TinyDeepseek(m.cfg, m.compression)
+    train_tiny.load_exported(tm, model_dir)
+    tm.eval()
+    ids = tok.encode("Redistribution and use in source and binary forms, with or without modification, are", add_bos=True)
+    logits, _ = m.forward(ids)
+    with torch.no_grad():
+        want = tm(torch.tensor([ids]))[0]
+    rel = float((logits - want).norm() / want.norm())
+    top2 = torch.topk(want, 2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.5
+    agree = bool((logits.argmax(-1) == want.argmax(-1))[clear].all())
+    check("engram/mHC forward == the training code's fp32 forward within fp8 noise", rel < 0.1 and agree,
+          f"rel {rel:.3f}, argmax agrees at all {int(clear.sum())} of {len(clear)} positions with margin > 0.5")
+    m.identity_comb = True
+    no_comb, _ = m.forward(ids)
+    m.identity_comb = False
+    check("identity comb changes the logits by far more than fp8 noise",
+          float((no_comb - logits).norm() / logits.norm()) > 2 * rel, f"rel {float((no_comb - logits).norm() / logits.norm()):.3f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny"))
     ap.add_argument("--mtp-model", help="a checkpoint with an MTP module (models/tiny-mtp): MTP checks")
+    ap.add_argument("--engram-model", help="a checkpoint with Engram and mHC (models/tiny-engram): end-to-end checks")
     args = ap.parse_args()
     torch.set_num_threads(1)
     test_fp8()
     test_safetensors()
     test_rope_router()
     test_tokenizer(args.model)
+    test_engram_config()
+    test_sinkhorn()
+    test_compression()
+    test_engram_hash()
+    test_engram_block()
     if os.path.exists(os.path.join(args.model, "model.safetensors")):
         test_attention_forms(args.model)
     if args.mtp_model:
         test_mtp(args.mtp_model)
+    if args.engram_model:
+        test_engram_model(args.engram_model)
     print(f"test_reference: {len(FAILURES)} failed" + (f": {', '.join(FAILURES)}" if FAILURES else ""))
     sys.exit(1 if FAILURES else 0)
 

@@ -13,6 +13,12 @@ top-k/top-(k+1) and group selection margins apart so the exported model routes d
 exact commands that made the committed checkpoint: a plain phase, then a quantization-aware
 fine-tune (--qat: the forward sees the exported FP8/BF16 weights through a straight-through
 estimator) with a strong margin hinge, so the exported model's routing margins are real.)
+
+--arch tiny-engram trains models/tiny-engram: the same backbone with mHC (hc_mult 4: residual
+branches mixed by pre/post/comb, comb by Sinkhorn) and an Engram block before block 1 (hashed
+n-gram table lookups, per-branch gate, causal dilated short conv), exported with F32 mHC tensors
+and BF16 Engram tensors (models/tiny-engram/README.md has its commands; --steps 0 exports the
+random init, tools/reference/make_untrained_engram.sh).
 """
 
 import argparse
@@ -20,6 +26,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 
@@ -33,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bpe import BOS, EOS, Tokenizer  # noqa: E402
 from corpus import CORPUS_DIR, CORPUS_PACKAGE, MODEL_TRAIN_FILES, corpus_documents  # noqa: E402
-from model import Config, rope_inv_freq, softmax_scale  # noqa: E402
+from model import (Config, compression_table, engram_hash_params, engram_indices, mhc_coefficients,  # noqa: E402
+                   rope_inv_freq, softmax_scale)
 from numerics import quantize_weight  # noqa: E402
 from safetensors_io import write_safetensors  # noqa: E402
 
@@ -88,6 +96,21 @@ TINY_CONFIG = {
                             "activation_scheme": "dynamic"},
 }
 
+# models/tiny-engram: models/tiny plus mHC (4 residual branches) and an Engram block before block 1
+# (tables of ~1 k rows per hash head: 8 heads x 32 values, 0.5 MB in BF16).
+ENGRAM_CONFIG = dict(TINY_CONFIG, hc_mult=4, hc_sinkhorn_repeat=10, hc_eps=1e-6, hc_post_mult=2.0,
+                     engram={"layer_ids": [1], "max_ngram_size": 3, "n_head_per_ngram": 4, "n_embed_per_ngram": 128,
+                             "engram_vocab_size": [1024, 1024], "kernel_size": 4, "pad_id": 2, "seed": 0})
+ARCHS = {"tiny": TINY_CONFIG, "tiny-engram": ENGRAM_CONFIG}
+
+# mHC initialisation (models/tiny-engram/README.md): small fn, unit scales, and bases that make the
+# block start as a plain residual per branch: pre = sigmoid(-ln 3) = 1/4 (x = the branch mean),
+# post = 2 sigmoid(0) = 1, comb = Sinkhorn of a diagonal bias (about 0.71 on the diagonal), head
+# weights 1/4.
+HC_FN_STD = 1e-3
+HC_COMB_DIAG = 2.0
+ENGRAM_CONV_STD = 0.02
+
 
 class RMSNorm(nn.Module):
     def __init__(self, n, eps):
@@ -118,6 +141,82 @@ class Fp8Linear(nn.Linear):
 
 def lin(i, o):
     return Fp8Linear(i, o, bias=False)
+
+
+class Bf16Linear(nn.Linear):
+    """nn.Linear with a bias whose forward (under --qat) uses the BF16 weight and bias export writes."""
+
+    def forward(self, x):
+        rnd = lambda w: w.to(torch.bfloat16).float()  # noqa: E731
+        return F.linear(x, fake_quant(self.weight, rnd), fake_quant(self.bias, rnd))
+
+
+class HyperConnection(nn.Module):
+    """mHC coefficients of one sub-layer (n_out = hc(hc+2), 3 scales) or of the head (hc, 1)."""
+
+    def __init__(self, hc, d, n_out, n_scale):
+        super().__init__()
+        self.hc = hc
+        self.fn = nn.Parameter(torch.zeros(n_out, hc * d))
+        self.scale = nn.Parameter(torch.ones(n_scale))
+        base = torch.zeros(n_out)
+        base[:hc] = -math.log(hc - 1)  # pre (or head) weights sigmoid(b) = 1/hc
+        if n_out > hc:
+            base[2 * hc:] = (torch.eye(hc) * HC_COMB_DIAG).flatten()
+        self.base = nn.Parameter(base)
+
+    def mixes(self, r, eps):
+        flat = r.flatten(-2)  # [B, T, hc d]
+        return (flat @ self.fn.t()) * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)
+
+    def pre(self, r, c):
+        """r [B, T, hc, d] -> x [B, T, d], post [B, T, hc], comb [B, T, hc, hc]."""
+        pre, post, comb = mhc_coefficients(self.mixes(r, c.hc_eps), self.scale, self.base, self.hc, c.hc_eps,
+                                           c.hc_post_mult, c.hc_sinkhorn_repeat)
+        return torch.einsum("btm,btmd->btd", pre, r), post, comb
+
+    @staticmethod
+    def post(y, r, post, comb):
+        return post[..., None] * y[:, :, None] + torch.einsum("btmj,btmd->btjd", comb, r)
+
+    def head(self, r, c):
+        w = torch.sigmoid(self.mixes(r, c.hc_eps) * self.scale[0] + self.base) + c.hc_eps
+        return torch.einsum("btm,btmd->btd", w, r)
+
+
+class Engram(nn.Module):
+    """The Engram block (NUMERICS.md "Engram") on the hc branches, given the hashed table rows."""
+
+    def __init__(self, c, rows):
+        super().__init__()
+        e, d, hc = c.engram, c.hidden_size, c.hc_mult
+        self.c = c
+        self.embedding = nn.Embedding(rows, e.head_dim)
+        self.value_proj = Bf16Linear(e.embed_dim, d)
+        self.key_projs = nn.ModuleList(Bf16Linear(e.embed_dim, d) for _ in range(hc))
+        self.norm1 = nn.ModuleList(RMSNorm(d, c.rms_norm_eps) for _ in range(hc))
+        self.norm2 = nn.ModuleList(RMSNorm(d, c.rms_norm_eps) for _ in range(hc))
+        self.short_conv = nn.Module()
+        self.short_conv.norms = nn.ModuleList(RMSNorm(d, 1e-5) for _ in range(hc))
+        self.short_conv.conv = nn.Conv1d(hc * d, hc * d, e.kernel_size, groups=hc * d, bias=False,
+                                         dilation=e.dilation)
+
+    def forward(self, r, rows):
+        """r [B, T, hc, d], rows [B, T, H] -> r + u + SiLU(conv(norm(u))), u = gate * value."""
+        b, t, hc, d = r.shape
+        e = self.c.engram
+        emb = self.embedding(rows).flatten(-2)  # [B, T, E]
+        v = self.value_proj(emb)
+        u = []
+        for i in range(hc):
+            dot = (self.norm1[i](self.key_projs[i](emb)) * self.norm2[i](r[:, :, i])).sum(-1) / math.sqrt(d)
+            g = torch.sigmoid(torch.sign(dot) * torch.sqrt(dot.abs().clamp(min=1e-6)))
+            u.append(g[..., None] * v)
+        u = torch.stack(u, 2)  # [B, T, hc, d]
+        n = torch.cat([self.short_conv.norms[i](u[:, :, i]) for i in range(hc)], -1).transpose(1, 2)
+        n = F.pad(n, ((e.kernel_size - 1) * e.dilation, 0))  # causal: zeros before the sequence start
+        s = F.silu(self.short_conv.conv(n)).transpose(1, 2).reshape(b, t, hc, d)
+        return r + u + s
 
 
 def rope(x, cos, sin):
@@ -239,44 +338,92 @@ class MoE(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, c, i):
+    def __init__(self, c, i, engram_rows=0):
         super().__init__()
+        self.c = c
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MoE(c) if c.is_moe_layer(i) else MLP(c.hidden_size, c.intermediate_size)
+        if engram_rows:
+            self.engram = Engram(c, engram_rows)
+        if c.hc_mult > 1:
+            n = c.hc_mult * (c.hc_mult + 2)
+            self.attn_hc = HyperConnection(c.hc_mult, c.hidden_size, n, 3)
+            self.ffn_hc = HyperConnection(c.hc_mult, c.hidden_size, n, 3)
 
     def forward(self, h, cos, sin, ctx=None):
         ctx = None if ctx is None else self.input_layernorm(ctx)
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def forward_branches(self, r, cos, sin, rows):
+        """The block on the residual branches r [B, T, hc, d] (Engram first when it has one)."""
+        if hasattr(self, "engram"):
+            r = self.engram(r, rows)
+        if self.c.hc_mult == 1:
+            return self.forward(r[:, :, 0], cos, sin)[:, :, None]
+        x, post, comb = self.attn_hc.pre(r, self.c)
+        r = HyperConnection.post(self.self_attn(self.input_layernorm(x), cos, sin), r, post, comb)
+        x, post, comb = self.ffn_hc.pre(r, self.c)
+        return HyperConnection.post(self.mlp(self.post_attention_layernorm(x)), r, post, comb)
+
 
 class TinyDeepseek(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, compression=None):
+        """compression: (raw -> canonical ids, V') of the tokenizer; needed with Engram."""
         super().__init__()
         self.c = c
+        self.engram_hash = engram_hash_params(c.engram, compression[1]) if c.engram else {}
+        if c.engram:
+            self.register_buffer("canonical", torch.tensor(compression[0], dtype=torch.long), persistent=False)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(Layer(c, i) for i in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(Layer(c, i, sum(self.engram_hash[i][1]) if i in self.engram_hash else 0)
+                                    for i in range(c.num_hidden_layers))
+        if c.hc_mult > 1:
+            self.hc_head = HyperConnection(c.hc_mult, c.hidden_size, c.hc_mult, 1)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)  # exported BF16, not FP8
         for name, p in self.named_parameters():
-            if p.dim() == 2:
+            if name.endswith(".fn"):
+                nn.init.normal_(p, std=HC_FN_STD)
+            elif name.endswith("short_conv.conv.weight"):
+                nn.init.normal_(p, std=ENGRAM_CONV_STD)
+            elif ".engram." in name and name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 2:
                 std = 0.02 / math.sqrt(2 * c.num_hidden_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
                 nn.init.normal_(p, std=std)
         self.register_buffer("inv_freq", rope_inv_freq(c))
+
+    def engram_rows(self, ids, layer):
+        """[B, T, H] table rows of Engram block `layer` for raw ids [B, T] (model.engram_indices)."""
+        e = self.c.engram
+        mult, sizes = self.engram_hash[layer]
+        pad = int(self.canonical[e.pad_id])
+        return engram_indices(self.canonical[ids], pad, mult, sizes, e.n_head_per_ngram)
 
     def forward(self, ids):
         t = ids.shape[1]
         ang = torch.arange(t, dtype=torch.float32)[:, None] * self.inv_freq[None]
         cos, sin = ang.cos(), ang.sin()
         h = self.embed_tokens(ids)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        if self.c.hc_mult == 1 and not self.c.engram:
+            for layer in self.layers:
+                h = layer(h, cos, sin)
+            return self.lm_head(self.norm(h))
+        r = h[:, :, None].expand(-1, -1, self.c.hc_mult, -1)  # hc copies of the embedding
+        for i, layer in enumerate(self.layers):
+            rows = self.engram_rows(ids, i) if i in self.engram_hash else None
+            r = layer.forward_branches(r, cos, sin, rows)
+        h = self.hc_head.head(r, self.c) if self.c.hc_mult > 1 else r[:, :, 0]
         return self.lm_head(self.norm(h))
 
     def moe_layers(self):
         return [l.mlp for l in self.layers if isinstance(l.mlp, MoE)]
+
+
+NOT_EXPORTED = ("inv_freq", "canonical")  # buffers derived from the config and the tokenizer
 
 
 def export_tensors(model):
@@ -284,12 +431,14 @@ def export_tensors(model):
     bf = torch.bfloat16
     tensors = {}
     for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-        if name == "inv_freq":
+        if name in NOT_EXPORTED:
             continue
         p = p.detach().float()
         hf = name if name == "lm_head.weight" else "model." + name
-        if name.endswith("e_score_correction_bias"):
-            tensors[hf] = ("F32", p)
+        if name.endswith("e_score_correction_bias") or "_hc." in name or name.startswith("hc_head."):
+            tensors[hf] = ("F32", p)  # router bias, mHC fn / scale / base
+        elif ".engram." in name:
+            tensors[hf] = ("BF16", p.to(bf))  # Engram table, projections, norms, conv: BF16 (no FP8)
         elif "norm" in name or name in ("embed_tokens.weight", "lm_head.weight") or name.endswith("mlp.gate.weight"):
             tensors[hf] = ("BF16", p.to(bf))
         else:
@@ -320,20 +469,23 @@ def load_exported(model, folder, optional=()):
     from safetensors_io import read_safetensors
     t, _ = read_safetensors(os.path.join(folder, "model.safetensors"))
     state = {}
-    for name in list(dict(model.named_parameters())) + [n for n, _ in model.named_buffers() if n != "inv_freq"]:
+    for name in list(dict(model.named_parameters())) + [n for n, _ in model.named_buffers() if n not in NOT_EXPORTED]:
         hf = name if name == "lm_head.weight" else "model." + name
         if hf not in t and name.startswith(tuple(optional)):
             continue
         dtype, v = t[hf]
         state[name] = Fp8Weight(v, t[hf + "_scale_inv"][1]).dequant_fp32() if dtype == "F8_E4M3" else v.float()
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if m != "inv_freq" and not m.startswith(tuple(optional))]:
+    if unexpected or [m for m in missing if m not in NOT_EXPORTED and not m.startswith(tuple(optional))]:
         sys.exit(f"train_tiny: --init-from {folder}: missing {missing}, unexpected {unexpected}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--arch", default="tiny", choices=sorted(ARCHS),
+                    help="tiny (models/tiny) or tiny-engram (models/tiny plus mHC and Engram)")
+    ap.add_argument("--tokenizer-from", help="copy tokenizer.json and tokenizer_config.json from this folder to --out")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
@@ -342,6 +494,9 @@ def main():
     ap.add_argument("--hinge-weight", type=float, default=0.1, help="weight of the router margin hinge loss")
     ap.add_argument("--hinge-margin", type=float, default=0.05, help="target selection gap of the hinge")
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--hinge-trains-bias", action="store_true",
+                    help="the margin hinge also trains the router bias (a tie between two saturated sigmoid "
+                         "scores has no gradient through the scores; models/tiny-engram/README.md)")
     ap.add_argument("--init-from", help="start from an exported checkpoint folder (fine-tuning)")
     ap.add_argument("--qat", action="store_true", help="train through the FP8/BF16 rounding of the export")
     ap.add_argument("--threads", type=int, default=1)
@@ -351,7 +506,12 @@ def main():
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 
-    cfg = Config(TINY_CONFIG)
+    cfg_raw = ARCHS[args.arch]
+    cfg = Config(cfg_raw)
+    if args.tokenizer_from:
+        os.makedirs(args.out, exist_ok=True)
+        for fn in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(os.path.join(args.tokenizer_from, fn), os.path.join(args.out, fn))
     tok = Tokenizer.load(os.path.join(args.out, "tokenizer.json"))
     stream = []
     for _, text in corpus_documents(MODEL_TRAIN_FILES):
@@ -360,12 +520,16 @@ def main():
     bos = tok.added[BOS]
     print(f"train_tiny: corpus {len(stream)} tokens: {', '.join(MODEL_TRAIN_FILES)} from {CORPUS_DIR} ({CORPUS_PACKAGE})")
 
-    model = TinyDeepseek(cfg)
+    model = TinyDeepseek(cfg, compression_table(tok) if cfg.engram else None)
     if args.init_from:
         load_exported(model, args.init_from)
         print(f"train_tiny: initialised from {args.init_from}")
     for m in model.moe_layers():
         m.gate.margin = args.hinge_margin
+        if args.hinge_trains_bias:  # the buffer becomes a parameter of the same name (same export)
+            bias = nn.Parameter(m.gate.e_score_correction_bias.clone())
+            del m.gate._buffers["e_score_correction_bias"]
+            m.gate.e_score_correction_bias = bias
     QAT["on"] = args.qat
     n_params = sum(p.numel() for p in model.parameters())
     print(f"train_tiny: {n_params / 1e6:.2f} M parameters, {args.steps} steps of {args.batch}x{args.seq} tokens")
@@ -400,9 +564,9 @@ def main():
                   f"lr {lr:.2e}  {time.time() - t0:.0f}s wall {time.process_time() - c0:.0f}s cpu", flush=True)
     model.eval()
     QAT["on"] = False
-    tensors = export(model, TINY_CONFIG, args.out)
+    tensors = export(model, cfg_raw, args.out)
     size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
-    n = min(20, len(curve))
+    n = max(1, min(20, len(curve)))
     first, last = sum(curve[:n]) / n, sum(curve[-n:]) / n
     print(f"train_tiny: loss {first:.3f} (first 20 steps) -> {last:.3f} (last 20), {time.time() - t0:.0f}s wall, {time.process_time() - c0:.0f}s cpu; "
           f"exported {len(tensors)} tensors, {size / 1e6:.2f} MB")

@@ -6,7 +6,8 @@ position of the final pass, per-position top-1/top-2 margins, routing decisions 
 the smallest router margin. Also tokenizer_cases.json: the reference encoder's ids for mixed text.
 For a checkpoint with an MTP module, also the MTP logits, drafts and routing over each golden
 sequence and greedy speculative-decoding traces for each k of --draft-tokens (format:
-models/tiny-mtp/golden/README.md).
+models/tiny-mtp/golden/README.md). For a checkpoint with Engram and/or mHC, also the compression
+table, prompt 0's hash rows and its ablation logits (format: models/tiny-engram/golden/README.md).
 
     /usr/bin/python3 tools/reference/write_golden.py --model models/tiny --out models/tiny/golden
 """
@@ -18,6 +19,7 @@ import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -129,6 +131,52 @@ def mtp_golden(model, index, ids, new_ids, h, out_dir, max_new, draft_tokens):
     return out
 
 
+def engram_golden(model, entry, out_dir):
+    """Files of a model with Engram and/or mHC (models/tiny-engram/golden/README.md), for the golden
+    sequence of prompt `entry` (its ids + generated_ids[:-1], the positions of its logits file):
+    compression.json, engram_hash.json and the ablation logits. Returns golden.json's "ablations"."""
+    c = model.cfg
+    seq = entry["ids"] + entry["generated_ids"][:-1]
+    ref = np.fromfile(os.path.join(out_dir, entry["logits_file"]), dtype="<f4").reshape(entry["logits_shape"])
+    ablations = {}
+
+    def ablation(name, m):
+        logits, _ = m.forward(seq)
+        fn = f"logits_ablate_{name}_{entry['index']}.f32"
+        logits.contiguous().numpy().astype("<f4").tofile(os.path.join(out_dir, fn))
+        delta = float(np.abs(logits.numpy() - ref).max())
+        ablations[name] = {"logits_file": fn, "logits_shape": list(logits.shape), "prompt_index": entry["index"],
+                           "max_abs_delta": delta}
+        print(f"ablation {name}: max |logits - logits_{entry['index']}| = {delta:.4f}", flush=True)
+
+    if c.engram is not None:
+        table, v = model.compression
+        with open(os.path.join(out_dir, "compression.json"), "w") as f:
+            json.dump({"vocab_size_compressed": v, "raw_to_canonical": table}, f)
+            f.write("\n")
+        layers = c.engram.layer_ids
+        rows = torch.cat([model.engram_rows(layer, seq) for layer in layers], dim=1)  # [T, L*H]
+        with open(os.path.join(out_dir, "engram_hash.json"), "w") as f:
+            json.dump({"layer_ids": layers,
+                       "multipliers": {str(layer): model.engram_hash[layer][0] for layer in layers},
+                       "table_sizes": {str(layer): model.engram_hash[layer][1] for layer in layers},
+                       "prompt_index": entry["index"], "ids": seq, "canonical_ids": model.canonical_ids(seq).tolist(),
+                       "indices": rows.tolist()}, f)
+            f.write("\n")
+        zeroed = dict(model.t)
+        for layer in layers:
+            name = f"model.layers.{layer}.engram.embedding.weight"
+            zeroed[name] = (zeroed[name][0], torch.zeros_like(zeroed[name][1]))
+        ablation("engram", Model(c, zeroed, model.mode, model.compression))
+    if c.hc_mult > 1:
+        model.identity_comb = True
+        try:
+            ablation("comb", model)
+        finally:
+            model.identity_comb = False
+    return ablations
+
+
 def acceptance_summary(entries, draft_tokens):
     """Over all prompts, per k: accepted drafts / (k * steps), the first draft's acceptance, and the
     tokens emitted per step."""
@@ -190,6 +238,10 @@ def main():
         golden["mtp_min_router_margin"] = min(e["mtp_min_router_margin"] for e in entries)
         golden["mtp_teacher_forced"] = [sum(e["mtp_teacher_forced"][j] for e in entries) for j in (0, 1)]
         golden["mtp_acceptance"] = acceptance_summary(entries, draft_tokens)
+    if model.cfg.engram is not None or model.cfg.hc_mult > 1:
+        golden["hc_mult"] = model.cfg.hc_mult
+        golden["engram_layers"] = model.cfg.engram.layer_ids if model.cfg.engram is not None else []
+        golden["ablations"] = engram_golden(model, entries[0], args.out)
     golden["prompts"] = entries
     with open(os.path.join(args.out, "golden.json"), "w", encoding="utf-8") as f:
         json.dump(golden, f, ensure_ascii=False, indent=1)

@@ -6,6 +6,7 @@
 // clang-format off
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
 // clang-format on
 #include "kernels/engram.h"
 
@@ -58,6 +59,65 @@ void engram_gate_rows(const EngramGateParams& p, int64_t r0, int64_t r1) {
   }
 }
 
+// Rows (token, branch) [r0, r1) of the conv norm. u: scratch of d floats.
+void engram_conv_norm_rows(const EngramConvNormParams& p, int64_t r0, int64_t r1, float* u) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = int64_t(hn::Lanes(df)), D = p.dim;
+  for (int64_t row = r0; row < r1; ++row) {
+    const int64_t t = row / p.hc, i = row % p.hc;
+    const bf16* v = p.v + t * D;
+    const float g = p.gate[row];
+    const auto vg = hn::Set(df, g);
+    auto ss = hn::Zero(df);
+    int64_t d = 0;
+    for (; d + N <= D; d += N) {
+      const auto x = round_bf16_vec(df, hn::Mul(vg, load_bf16(df, v + d)));
+      hn::StoreU(x, df, u + d);
+      ss = hn::MulAdd(x, x, ss);
+    }
+    float sum = hn::GetLane(hn::SumOfLanes(df, ss));
+    for (; d < D; ++d) {
+      u[d] = round_bf16(g * bf16_to_f32(v[d]));
+      sum += u[d] * u[d];
+    }
+    const float r = 1.0f / std::sqrt(sum / float(D) + p.eps);
+    const auto vr = hn::Set(df, r);
+    const bf16* w = p.w + i * D;
+    bf16* o = p.out + row * D;
+    d = 0;
+    for (; d + N <= D; d += N)
+      store_bf16(df, hn::Mul(hn::Mul(hn::LoadU(df, u + d), vr), load_bf16(df, w + d)), o + d);
+    for (; d < D; ++d) o[d] = f32_to_bf16(u[d] * r * bf16_to_f32(w[d]));
+  }
+}
+
+// Tokens [t0, t1) of the short conv: channels in lanes, taps in order. wt: the weight transposed
+// to [K, C] floats.
+void engram_short_conv_rows(const EngramShortConvParams& p, const float* wt, int64_t t0,
+                            int64_t t1) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = int64_t(hn::Lanes(df)), C = p.channels, K = p.kernel_size;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int32_t* taps = p.taps + t * K;
+    bf16* o = p.out + t * C;
+    int64_t c = 0;
+    for (; c + N <= C; c += N) {
+      auto acc = hn::Zero(df);
+      for (int64_t j = 0; j < K; ++j)
+        if (taps[j] >= 0)
+          acc =
+              hn::MulAdd(hn::LoadU(df, wt + j * C + c), load_bf16(df, p.x + taps[j] * C + c), acc);
+      store_bf16(df, hn::Div(acc, hn::Add(hn::Set(df, 1.0f), hn::Exp(df, hn::Neg(acc)))), o + c);
+    }
+    for (; c < C; ++c) {
+      float acc = 0;
+      for (int64_t j = 0; j < K; ++j)
+        if (taps[j] >= 0) acc = std::fma(wt[j * C + c], bf16_to_f32(p.x[taps[j] * C + c]), acc);
+      o[c] = f32_to_bf16(acc / (1.0f + std::exp(-acc)));
+    }
+  }
+}
+
 }  // namespace deepinfer::kernels::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -88,6 +148,8 @@ struct FastMod {
 }  // namespace
 
 HWY_EXPORT(engram_gate_rows);
+HWY_EXPORT(engram_conv_norm_rows);
+HWY_EXPORT(engram_short_conv_rows);
 
 void engram_hash(const EngramHashParams& p) {
   p.validate();
@@ -127,6 +189,27 @@ void engram_gate(const EngramGateParams& p) {
   const int64_t grain = std::max<int64_t>(1, 8192 / p.dim);
   kernel_pool().parallel_for(p.num_tokens * p.hc, grain, [&](int64_t r0, int64_t r1) {
     HWY_DYNAMIC_DISPATCH(engram_gate_rows)(p, r0, r1);
+  });
+}
+
+void engram_conv_norm(const EngramConvNormParams& p) {
+  p.validate();
+  const int64_t grain = std::max<int64_t>(1, 8192 / p.dim);
+  kernel_pool().parallel_for(p.num_tokens * p.hc, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<float> u(size_t(p.dim));
+    HWY_DYNAMIC_DISPATCH(engram_conv_norm_rows)(p, r0, r1, u.data());
+  });
+}
+
+void engram_short_conv(const EngramShortConvParams& p) {
+  p.validate();
+  const int64_t C = p.channels, K = p.kernel_size;
+  std::vector<float> wt(size_t(K * C));
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t j = 0; j < K; ++j) wt[size_t(j * C + c)] = bf16_to_f32(p.w[c * K + j]);
+  const int64_t grain = std::max<int64_t>(1, 16384 / (C * K));
+  kernel_pool().parallel_for(p.num_tokens, grain, [&](int64_t t0, int64_t t1) {
+    HWY_DYNAMIC_DISPATCH(engram_short_conv_rows)(p, wt.data(), t0, t1);
   });
 }
 

@@ -64,6 +64,19 @@ void residual_add_range(const ResidualAddParams& p, int64_t i0, int64_t i1) {
   for (; i < i1; ++i) p.out[i] = f32_to_bf16(bf16_to_f32(p.a[i]) + bf16_to_f32(p.b[i]));
 }
 
+void bias_add_rows(const BiasAddParams& p, int64_t t0, int64_t t1) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = int64_t(hn::Lanes(df)), C = p.cols;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* x = p.x + t * C;
+    bf16* o = p.out + t * C;
+    int64_t j = 0;
+    for (; j + N <= C; j += N)
+      store_bf16(df, hn::Add(hn::LoadU(df, x + j), load_bf16(df, p.bias + j)), o + j);
+    for (; j < C; ++j) o[j] = f32_to_bf16(x[j] + bf16_to_f32(p.bias[j]));
+  }
+}
+
 }  // namespace deepinfer::kernels::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -72,6 +85,7 @@ namespace deepinfer::kernels::cpu {
 
 HWY_EXPORT(rms_norm_rows);
 HWY_EXPORT(residual_add_range);
+HWY_EXPORT(bias_add_rows);
 
 void rms_norm(const RmsNormParams& p) {
   p.validate();
@@ -87,6 +101,14 @@ void residual_add(const ResidualAddParams& p) {
   kernel_pool().parallel_for(p.n, 1 << 15, [&](int64_t i0, int64_t i1) {
     HWY_DYNAMIC_DISPATCH(residual_add_range)(p, i0, i1);
   });
+}
+
+void bias_add(const BiasAddParams& p) {
+  p.validate();
+  kernel_pool().parallel_for(p.rows, std::max<int64_t>(1, 32768 / p.cols),
+                             [&](int64_t t0, int64_t t1) {
+                               HWY_DYNAMIC_DISPATCH(bias_add_rows)(p, t0, t1);
+                             });
 }
 
 }  // namespace deepinfer::kernels::cpu

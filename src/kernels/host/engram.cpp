@@ -2,6 +2,7 @@
 #include "kernels/engram.h"
 
 #include <cmath>
+#include <vector>
 
 namespace deepinfer::kernels::host {
 
@@ -53,6 +54,39 @@ void engram_gate(const EngramGateParams& p) {
       if (p.gate) p.gate[row] = g;
       if (p.rstd_x) p.rstd_x[row] = rx;
       if (p.rstd_k) p.rstd_k[row] = rk;
+    }
+}
+
+void engram_conv_norm(const EngramConvNormParams& p) {
+  p.validate();
+  const int64_t D = p.dim;
+  std::vector<float> u(static_cast<size_t>(D));
+  for (int64_t t = 0; t < p.num_tokens; ++t)
+    for (int64_t i = 0; i < p.hc; ++i) {
+      const float g = p.gate[t * p.hc + i];
+      double ss = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        u[size_t(d)] = round_bf16(g * bf16_to_f32(p.v[t * D + d]));
+        ss += double(u[size_t(d)]) * u[size_t(d)];
+      }
+      const double r = 1.0 / std::sqrt(ss / double(D) + double(p.eps));
+      bf16* o = p.out + (t * p.hc + i) * D;
+      for (int64_t d = 0; d < D; ++d)
+        o[d] = f32_to_bf16(float(double(u[size_t(d)]) * r * double(bf16_to_f32(p.w[i * D + d]))));
+    }
+}
+
+void engram_short_conv(const EngramShortConvParams& p) {
+  p.validate();
+  const int64_t C = p.channels, K = p.kernel_size;
+  for (int64_t t = 0; t < p.num_tokens; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t r = p.taps[t * K + j];
+        if (r >= 0) acc += double(bf16_to_f32(p.w[c * K + j])) * bf16_to_f32(p.x[r * C + c]);
+      }
+      p.out[t * C + c] = f32_to_bf16(float(acc / (1.0 + std::exp(-acc))));
     }
 }
 

@@ -32,4 +32,12 @@ void residual_add(const ResidualAddParams& p) {
     p.out[i] = f32_to_bf16(bf16_to_f32(p.a[i]) + bf16_to_f32(p.b[i]));
 }
 
+void bias_add(const BiasAddParams& p) {
+  p.validate();
+  for (int64_t t = 0; t < p.rows; ++t)
+    for (int64_t j = 0; j < p.cols; ++j)
+      p.out[t * p.cols + j] =
+          f32_to_bf16(float(double(p.x[t * p.cols + j]) + double(bf16_to_f32(p.bias[j]))));
+}
+
 }  // namespace deepinfer::kernels::host

@@ -71,6 +71,47 @@ CaseResult run_gate(int64_t n, int64_t hc, int64_t d, bool save, uint64_t seed) 
                           kMixed);
 }
 
+CaseResult run_conv_norm(int64_t n, int64_t hc, int64_t d, uint64_t seed) {
+  const auto v = random_bf16(n * d, seed, -2.0f, 2.0f);
+  const auto g = random_f32(n * hc, seed + 1, 0.0f, 1.0f);
+  const auto w = random_bf16(hc * d, seed + 2, 0.5f, 1.5f);
+  std::vector<bf16> out(buffer_size(n * hc * d));
+  return compare_backends(engram_conv_norm,
+                          EngramConvNormParams{.v = v.data(),
+                                               .gate = g.data(),
+                                               .w = w.data(),
+                                               .out = out.data(),
+                                               .num_tokens = n,
+                                               .hc = hc,
+                                               .dim = d},
+                          kMixed);
+}
+
+// n tokens of `seqs` sequences side by side over rows [history | tokens]: tap j of a token reads
+// the row dilation·(K-1-j) positions back, -1 before its sequence start.
+CaseResult run_short_conv(int64_t n, int64_t c, int64_t k, int64_t dil, uint64_t seed) {
+  const int64_t rows = n + (k - 1) * dil;
+  const auto x = random_bf16(rows * c, seed, -3.0f, 3.0f);
+  const auto w = random_bf16(c * k, seed + 1, -1.0f, 1.0f);
+  std::vector<int32_t> taps(buffer_size(n * k));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = (k - 1) * dil + t - (k - 1 - j) * dil;
+      taps[size_t(t * k + j)] = (t % 5 == 4 && j == 0) ? -1 : int32_t(r);
+    }
+  std::vector<bf16> out(buffer_size(n * c));
+  return compare_backends(engram_short_conv,
+                          EngramShortConvParams{.x = x.data(),
+                                                .taps = taps.data(),
+                                                .w = w.data(),
+                                                .out = out.data(),
+                                                .num_tokens = n,
+                                                .num_rows = rows,
+                                                .channels = c,
+                                                .kernel_size = k},
+                          kMixed);
+}
+
 struct MhcInputs {
   std::vector<bf16> residual;
   std::vector<float> fn, scale, base;
@@ -163,6 +204,21 @@ DEEPINFER_KERNEL_CASES(engram_cases) {
   cases.push_back({"engram_gate", "n=0", true, [] { return run_gate(0, 4, 64, true, 14); }});
   cases.push_back(
       {"engram_gate", "n=256 hc=4 d=7168", false, [] { return run_gate(256, 4, 7168, true, 15); }});
+  cases.push_back(
+      {"engram_conv_norm", "n=7 hc=4 d=1024", true, [] { return run_conv_norm(7, 4, 1024, 51); }});
+  cases.push_back({"engram_conv_norm", "n=3 hc=4 d=77 (tail)", true,
+                   [] { return run_conv_norm(3, 4, 77, 52); }});
+  cases.push_back({"engram_conv_norm", "n=0", true, [] { return run_conv_norm(0, 4, 64, 53); }});
+  cases.push_back({"engram_short_conv", "n=9 c=4096 k=4 dil=3", true,
+                   [] { return run_short_conv(9, 4096, 4, 3, 61); }});
+  cases.push_back({"engram_short_conv", "n=13 c=37 k=3 dil=2 (tail)", true,
+                   [] { return run_short_conv(13, 37, 3, 2, 62); }});
+  cases.push_back(
+      {"engram_short_conv", "n=5 c=64 k=1", true, [] { return run_short_conv(5, 64, 1, 3, 63); }});
+  cases.push_back(
+      {"engram_short_conv", "n=0", true, [] { return run_short_conv(0, 64, 4, 3, 64); }});
+  cases.push_back({"engram_short_conv", "n=512 c=4096 k=4 dil=3", false,
+                   [] { return run_short_conv(512, 4096, 4, 3, 65); }});
 }
 
 DEEPINFER_KERNEL_CASES(mhc_cases) {

@@ -120,6 +120,23 @@ DEEPINFER_KERNEL_CASES(residual_add_cases) {
          }});
 }
 
+DEEPINFER_KERNEL_CASES(bias_add_cases) {
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 256}, {7, 1280}, {3, 37}, {0, 64}, {512, 5120}})
+    cases.push_back(
+        {"bias_add", fmt::format("rows={} cols={}", rows, cols), rows * cols < 100000, [=] {
+           const auto x = random_f32(rows * cols, 7, -50.0f, 50.0f);
+           const auto b = random_bf16(cols, 8, -1.0f, 1.0f);
+           std::vector<bf16> out(static_cast<size_t>(std::max<int64_t>(rows * cols, 1)));
+           // f32 + bf16: host sums in fp64, cpu in fp32 (one double rounding apart).
+           return compare_backends(
+               bias_add,
+               BiasAddParams{
+                   .x = x.data(), .bias = b.data(), .out = out.data(), .rows = rows, .cols = cols},
+               kBf16Tol);
+         }});
+}
+
 DEEPINFER_KERNEL_CASES(swiglu_cases) {
   struct S {
     int64_t t, i;
