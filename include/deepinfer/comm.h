@@ -78,10 +78,10 @@ class Group {
   // buffers this way (docs/ep.md).
   virtual PeerMemory peer_memory() const { return PeerMemory::none; }
   // Collective, where peer_memory() != none: every rank exposes the same number of regions, and
-  // gets peers[r · regions.size() + i] = where rank r's region i is readable from here (local: r's
-  // own pointer, nothing copied; mpi: r's copy in the shared window). They stay readable, and must
-  // stay unchanged (by their owner and by the peers, which only read them), until the ranks' next
-  // barrier(). Elsewhere it throws.
+  // gets peers[r · regions.size() + i] = where rank r's region i is readable (local: r's pointer;
+  // mpi: r's copy in the shared window). They stay readable and unchanged (peers only read them)
+  // until the ranks' next barrier(), also when a collective fails first (docs/architecture.md §3);
+  // a rank whose collective threw must not touch them any more. Elsewhere it throws.
   virtual void expose(std::span<const std::span<const std::byte>> regions,
                       std::vector<const std::byte*>& peers);
   // Collective, like expose, for regions the peers write into: peers[r · regions.size() + i] =

@@ -83,6 +83,7 @@ void run_local(const LaunchOptions& opts, const std::function<void(Group&)>& fn)
       out = {Ending::error, clock++, std::current_exception()};
       world->mark_broken(fmt::format("rank {} failed with a non-standard exception", r));
     }
+    world->mark_left(r);  // a peer holding memory it lent this rank need not wait for it
     set_thread_placement(std::nullopt);
     set_log_rank(-1, 0);
   };

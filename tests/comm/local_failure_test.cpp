@@ -2,9 +2,12 @@
 // fault of `faulty`, on the `local` backend (timeouts of 0.5 s keep this quick).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -134,6 +137,52 @@ TEST(LocalDeadline, BrokenWorldFailsLaterCollectivesImmediately) {
   });
   ASSERT_EQ(log.seconds.size(), 4u);
   for (double s : log.seconds) EXPECT_LT(s, 0.2);  // no second full deadline
+}
+
+// A rank whose barrier after an expose times out must not unwind (freeing its regions) while a
+// slow peer still reads them: it holds until that peer reaches a meeting. The fast ranks here
+// overwrite their region the moment their barrier throws, as reusing freed memory would; the slow
+// rank reads only after their deadline and must still find every region intact. (Without the
+// hold, the asan stage saw this as a heap-use-after-free in ExposeReadsEveryRanksRegions/n64.)
+TEST(LocalDeadline, TimedOutRankKeepsExposedRegionsUntilPeersStopReading) {
+  constexpr int kWorld = 3;
+  constexpr size_t kBytes = 4096;
+  std::atomic<int> wrong{0}, timeouts{0}, threw_before_read{0};
+  std::atomic<bool> read_done{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  bool is_timeout = false;
+  const std::string msg = run_expect_error(
+      local_opts(kWorld, kTimeout),
+      [&](Group& g) {
+        auto mine = payload(kBytes, 1, 7, uint64_t(g.rank()));
+        std::vector<const std::byte*> peers;
+        g.expose(std::array{std::span<const std::byte>(mine)}, peers);
+        const bool slow = g.rank() == kWorld - 1;
+        if (slow) {
+          std::this_thread::sleep_for(Seconds(kTimeout * 3));  // past the peers' deadline
+          for (int r = 0; r < kWorld; ++r)
+            if (std::memcmp(peers[size_t(r)], payload(kBytes, 1, 7, uint64_t(r)).data(), kBytes))
+              wrong++;
+          read_done = true;
+        }
+        try {
+          g.barrier();
+        } catch (const CommTimeout&) {
+          if (!slow) {
+            timeouts++;
+            if (!read_done) threw_before_read++;
+          }
+          std::fill(mine.begin(), mine.end(), std::byte{0xEE});
+          throw;
+        }
+      },
+      &is_timeout);
+  EXPECT_TRUE(is_timeout) << msg;
+  EXPECT_NE(msg.find("barrier timed out after 0.5 s"), std::string::npos) << msg;
+  EXPECT_EQ(timeouts.load(), kWorld - 1);
+  EXPECT_EQ(threw_before_read.load(), 0) << "a rank unwound while a peer still read its region";
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_LT(elapsed_since(t0), kTimeout * 3 + kSlack) << "held longer than the slow peer's reads";
 }
 
 TEST(LocalMismatch, DifferentOpsAreAnErrorNamingBoth) {

@@ -59,12 +59,15 @@ constexpr double kLauncherKillMarginSeconds = 1.0;  // at most half the grace
 
 // SIGINT/SIGTERM set a flag (any thread may receive them) and note whether our parent sent it:
 // under mpirun that is the launcher's daemon ending the job. A watcher thread reacts outside the
-// signal handler.
-volatile std::sig_atomic_t g_signal = 0;
-volatile std::sig_atomic_t g_from_parent = 0;
+// signal handler. Lock-free atomics, not volatile sig_atomic_t: that only serves a handler and
+// code of the same thread, and here the handler runs on whichever thread took the signal (a data
+// race ThreadSanitizer reported in the tsan stage).
+static_assert(std::atomic<int>::is_always_lock_free, "async-signal-safe only when lock-free");
+std::atomic<int> g_signal{0};
+std::atomic<int> g_from_parent{0};
 extern "C" void on_stop_signal(int sig, siginfo_t* info, void*) {
-  g_from_parent = info != nullptr && info->si_pid == getppid();
-  g_signal = sig;
+  g_from_parent.store(info != nullptr && info->si_pid == getppid(), std::memory_order_relaxed);
+  g_signal.store(sig, std::memory_order_release);  // publishes g_from_parent with it
 }
 
 class SignalWatch {
@@ -79,11 +82,8 @@ class SignalWatch {
     thread_ = std::thread([this] {
       while (!done_) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        if (g_signal) {
-          const bool from_parent = g_from_parent != 0;
-          g_signal = 0;
-          on_signal(from_parent);
-        }
+        if (g_signal.exchange(0, std::memory_order_acquire) != 0)
+          on_signal(g_from_parent.load(std::memory_order_relaxed) != 0);
         fail_when_due();
       }
     });

@@ -109,13 +109,31 @@ LocalWorld::LocalWorld(int size, double timeout_s)
     : size_(size),
       timeout_s_(timeout_s),
       spin_(size <= int(std::max(1u, std::thread::hardware_concurrency()))),
-      states_(size_t(size)) {
+      states_(size_t(size)),
+      left_(size_t(size), 0) {
   DI_CHECK(size >= 1 && size <= kMaxLocalWorld, "local world size must be in [1, {}], got {}",
            kMaxLocalWorld, size);
   DI_CHECK(timeout_s > 0, "comm timeout must be > 0 s, got {}", timeout_s);
 }
 
-void LocalWorld::fail_locked(int rank, const CallDesc& desc) {
+void LocalWorld::leave_locked(int rank) {
+  if (left_[size_t(rank)]) return;
+  left_[size_t(rank)] = 1;
+  ++left_count_;
+}
+
+void LocalWorld::fail_locked(std::unique_lock<std::mutex>& lock, int rank, const CallDesc& desc,
+                             bool arrived, bool lent, std::string timeout_msg) {
+  if (arrived) --arrived_;
+  leave_locked(rank);
+  cv_.notify_all();  // a peer holding for its lent memory may be waiting for this rank
+  // Every rank is now at this meeting or gone, or between meetings, where it may still read what
+  // this rank lent it. The world is broken or a rank has returned, so no meeting completes any
+  // more: each of those peers fails at its next one (at once) or ends its function, and only
+  // then may this rank unwind. That wait is bounded by the peers' own work, which run_ranks
+  // waits for anyway before it returns.
+  if (lent) cv_.wait(lock, [&] { return arrived_ + left_count_ >= size_; });
+  if (!timeout_msg.empty()) throw CommTimeout(timeout_msg);
   if (!broken_reason_.empty())
     throw CommTimeout(
         fmt::format("{} on rank {} of {} abandoned because another rank failed first: {}",
@@ -127,9 +145,10 @@ void LocalWorld::fail_locked(int rank, const CallDesc& desc) {
 }
 
 void LocalWorld::arrive_and_wait(int rank, const CallDesc& desc, size_t bytes,
-                                 Clock::time_point deadline) {
+                                 Clock::time_point deadline, bool lent) {
   std::unique_lock lock(mu_);
-  if (broken_flag_.load(std::memory_order_relaxed) || exited_rank_ >= 0) fail_locked(rank, desc);
+  if (broken_flag_.load(std::memory_order_relaxed) || exited_rank_ >= 0)
+    fail_locked(lock, rank, desc, false, lent);
   const uint64_t gen = generation_.load(std::memory_order_relaxed);
   if (++arrived_ == size_) {
     arrived_ = 0;
@@ -154,16 +173,15 @@ void LocalWorld::arrive_and_wait(int rank, const CallDesc& desc, size_t bytes,
     lock.lock();
   }
   while (generation_.load(std::memory_order_acquire) == gen) {
-    if (broken_flag_.load(std::memory_order_relaxed) || exited_rank_ >= 0) fail_locked(rank, desc);
+    if (broken_flag_.load(std::memory_order_relaxed) || exited_rank_ >= 0)
+      fail_locked(lock, rank, desc, true, lent);
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
         generation_.load(std::memory_order_acquire) == gen) {
-      if (broken_flag_.load(std::memory_order_relaxed)) fail_locked(rank, desc);
+      if (broken_flag_.load(std::memory_order_relaxed)) fail_locked(lock, rank, desc, true, lent);
       std::string msg = timeout_message(op_name(desc.op), timeout_s_, rank, size_, bytes);
       broken_reason_ = msg;
       broken_flag_.store(true, std::memory_order_release);
-      lock.unlock();
-      cv_.notify_all();
-      throw CommTimeout(msg);
+      fail_locked(lock, rank, desc, true, lent, std::move(msg));
     }
   }
 }
@@ -182,6 +200,14 @@ void LocalWorld::mark_exited(int rank) {
   {
     std::lock_guard lock(mu_);
     if (exited_rank_ < 0) exited_rank_ = rank;
+  }
+  cv_.notify_all();
+}
+
+void LocalWorld::mark_left(int rank) {
+  {
+    std::lock_guard lock(mu_);
+    leave_locked(rank);
   }
   cv_.notify_all();
 }
@@ -216,17 +242,21 @@ LocalSlot& LocalGroup::begin(const CallDesc& desc, size_t bytes) {
   return s;
 }
 
+void LocalGroup::meet(bool lent) {
+  world_->arrive_and_wait(rank_, desc_, bytes_, deadline_, lent || exposed_);
+}
+
 void LocalGroup::sync_start() {
-  world_->arrive_and_wait(rank_, desc_, bytes_, deadline_);
+  meet(false);  // nobody has read this call's buffers yet
   if (std::string why = check_match(); !why.empty()) {
     // Every rank reaches the same verdict; meet once more so no rank unwinds (freeing the
     // counts its peers are still checking) before all are done reading.
-    world_->arrive_and_wait(rank_, desc_, bytes_, deadline_);
+    meet(true);
     throw Error(why);
   }
 }
 
-void LocalGroup::sync_end() { world_->arrive_and_wait(rank_, desc_, bytes_, deadline_); }
+void LocalGroup::sync_end() { meet(true); }
 
 // Every rank runs the same checks in the same order on the same published data, so all ranks
 // agree on the verdict and all throw (none copies from a peer that is about to unwind).
@@ -459,6 +489,7 @@ void LocalGroup::expose(std::span<const std::span<const std::byte>> regions,
   for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
   peers.assign(regions.size() * size_t(size()), nullptr);
   all_gather(mine.data(), peers.data(), mine.size() * sizeof(const std::byte*), DType::u8);
+  exposed_ = true;
 }
 
 void LocalGroup::expose_writable(std::span<const std::span<std::byte>> regions,
@@ -467,11 +498,13 @@ void LocalGroup::expose_writable(std::span<const std::span<std::byte>> regions,
   for (size_t i = 0; i < regions.size(); ++i) mine[i] = regions[i].data();
   peers.assign(regions.size() * size_t(size()), nullptr);
   all_gather(mine.data(), peers.data(), mine.size() * sizeof(std::byte*), DType::u8);
+  exposed_ = true;
 }
 
 void LocalGroup::barrier() {
   begin({OpKind::barrier, DType::u8, ReduceOp::sum, 0, 0}, 0);
-  sync_start();  // slots are double-buffered, so one meeting is enough
+  sync_start();      // slots are double-buffered, so one meeting is enough
+  exposed_ = false;  // every peer is done with the regions this rank exposed
 }
 
 }  // namespace deepinfer::comm

@@ -57,16 +57,28 @@ class LocalWorld {
 
   // Generation barrier with a deadline. Throws CommTimeout when the deadline passes (and
   // marks the world broken) or when the world is already broken / a rank has returned.
-  void arrive_and_wait(int rank, const CallDesc& desc, size_t bytes, Clock::time_point deadline);
+  // `lent`: peers may still be reading (or writing) this rank's memory until they arrive here
+  // (barrier 2 of a one-copy collective; the barrier closing an expose). A failing rank then
+  // does not throw, and so cannot unwind and free that memory, before every peer has arrived
+  // at this meeting or left the world (docs/architecture.md §3, "a failing rank holds").
+  void arrive_and_wait(int rank, const CallDesc& desc, size_t bytes, Clock::time_point deadline,
+                       bool lent);
 
   // A rank failed: every waiting and future collective fails fast with `reason`.
   void mark_broken(const std::string& reason);
   // A rank returned from its function: collectives still waiting on it can never complete.
   void mark_exited(int rank);
+  // A rank's thread is done (returned, failed or died): it touches no peer's memory any more.
+  // Tells nobody anything else (a silent death still leaves its peers to the deadline).
+  void mark_left(int rank);
   bool broken() const { return broken_flag_.load(std::memory_order_acquire); }
 
  private:
-  [[noreturn]] void fail_locked(int rank, const CallDesc& desc);
+  // Throws why `rank`'s call fails; with `lent`, first waits until no peer can still be reading
+  // its memory. `arrived`: the rank is counted among this meeting's arrivals.
+  [[noreturn]] void fail_locked(std::unique_lock<std::mutex>& lock, int rank, const CallDesc& desc,
+                                bool arrived, bool lent, std::string timeout_msg = {});
+  void leave_locked(int rank);
 
   const int size_;
   const double timeout_s_;
@@ -75,7 +87,9 @@ class LocalWorld {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  int arrived_ = 0;
+  int arrived_ = 0;         // at the current meeting; it never completes once the world is broken
+  std::vector<char> left_;  // by rank: failed out of a collective or done (see mark_left)
+  int left_count_ = 0;
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> broken_flag_{false};
   std::string broken_reason_;
@@ -115,6 +129,8 @@ class LocalGroup final : public Group {
   LocalSlot& begin(const CallDesc& desc, size_t bytes);  // publishes desc, starts the clock
   void sync_start();  // barrier 1 + check that every rank made the same call
   void sync_end();    // barrier 2: peers are done with this rank's buffers
+  // One meeting of this call; `lent`: peers may be using this rank's memory until they get here.
+  void meet(bool lent);
   const LocalSlot& peer(int r) const;
   // Copies a small payload into this rank's inline buffer for this call and returns it, or
   // returns nullptr when it does not fit (the caller then meets twice).
@@ -130,6 +146,7 @@ class LocalGroup final : public Group {
   size_t bytes_ = 0;
   int parity_ = 0;
   Clock::time_point deadline_;
+  bool exposed_ = false;  // an expose's regions are in the peers' hands until the next barrier
   std::vector<size_t> row_send_bytes_;    // all_to_all_v_rows: the bytes to each rank, published
   std::vector<const float*> reduce_src_;  // reduce_scatter: my block of each rank's send
 };
