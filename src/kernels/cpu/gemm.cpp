@@ -68,18 +68,28 @@ void Store(const GemmArgs& g, int64_t r, int64_t j, float v) {
 
 // ---- small M: stream the weights once ---------------------------------------------------------
 
+// Columns per tile of the small-M kernel: the tile's K blocks run outermost, so one block's
+// activations (MM·128 f32, ≤ 4 KiB) stay in L1 while the tile's weight rows stream past them. (Per
+// column the K loop would sweep all MM·K activations once per column: 64 KiB at M = 8, K = 2048,
+// more than L1, so every FMA waited on L2.) Each column's operations and their order are unchanged.
+constexpr int64_t kSmallMTile = 8;
+
+// Columns [j0, j1), at most kSmallMTile of them, for MM rows.
 template <int MM, bool kBf16>
-void SmallMRange(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
+void SmallMTile(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df)), K = g.k, kbs = num_blocks(K);
   const size_t esize = kBf16 ? 2 : 1;
   HWY_ALIGN uint8_t tail_bytes[2 * HWY_MAX_BYTES / 4 * 2] = {};  // one zero-padded vector of W
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* wrow = static_cast<const uint8_t*>(g.w) + size_t(j * K) * esize;
-    VF acc[MM];
-    for (int r = 0; r < MM; ++r) acc[r] = hn::Zero(df);
-    for (int64_t kb = 0; kb < kbs; ++kb) {
-      const int64_t k0 = kb * kQuantBlock, klen = std::min(kQuantBlock, K - k0);
+  const int64_t nt = j1 - j0;
+  VF acc[kSmallMTile][MM];
+  for (int64_t t = 0; t < nt; ++t)
+    for (int r = 0; r < MM; ++r) acc[t][r] = hn::Zero(df);
+  for (int64_t kb = 0; kb < kbs; ++kb) {
+    const int64_t k0 = kb * kQuantBlock, klen = std::min(kQuantBlock, K - k0);
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t j = j0 + t;
+      const uint8_t* wrow = static_cast<const uint8_t*>(g.w) + size_t(j * K) * esize;
       VF p0[MM], p1[MM];  // two chains per row: FMA latency
       for (int r = 0; r < MM; ++r) p0[r] = p1[r] = hn::Zero(df);
       int64_t kk = 0;
@@ -107,11 +117,18 @@ void SmallMRange(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, in
       const float sw = g.w_scales ? g.w_scales[(j / kQuantBlock) * kbs + kb] : 1.0f;
       for (int r = 0; r < MM; ++r) {
         const float s = g.a_scales ? g.a_scales[r * kbs + kb] * sw : 1.0f;
-        acc[r] = hn::MulAdd(hn::Add(p0[r], p1[r]), hn::Set(df, s), acc[r]);
+        acc[t][r] = hn::MulAdd(hn::Add(p0[r], p1[r]), hn::Set(df, s), acc[t][r]);
       }
     }
-    for (int r = 0; r < MM; ++r) Store(g, r, j, hn::GetLane(hn::SumOfLanes(df, acc[r])));
   }
+  for (int64_t t = 0; t < nt; ++t)
+    for (int r = 0; r < MM; ++r) Store(g, r, j0 + t, hn::GetLane(hn::SumOfLanes(df, acc[t][r])));
+}
+
+template <int MM, bool kBf16>
+void SmallMRange(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; j += kSmallMTile)
+    SmallMTile<MM, kBf16>(g, af, j, std::min(j1, j + kSmallMTile));
 }
 
 // SmallMRange for g.m (1..kSmallM) rows.
@@ -137,6 +154,12 @@ void SmallMRows(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int
   }
 }
 
+// Columns per task for `rows` rows: enough to amortise the dispatch, ~4 tasks per thread.
+int64_t SmallMGrain(int64_t n, int64_t rows) {
+  const int64_t threads = kernel_pool().num_threads();
+  return std::max<int64_t>(rows > kSmallM ? kSmallMTile : 16, n / (4 * threads));
+}
+
 template <bool kBf16>
 void SmallM(const GemmArgs& g) {
   const DF df;
@@ -144,45 +167,46 @@ void SmallM(const GemmArgs& g) {
   // Activations decoded once, padded by one vector so K-edge loads stay in bounds.
   std::vector<float> af(size_t(g.m * g.k + L), 0.0f);
   DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
-  auto body = [&](int64_t j0, int64_t j1) { SmallMRows<kBf16>(g, af.data(), j0, j1); };
-  // Enough columns per task to amortise the dispatch; ~4 tasks per thread for balance.
-  const int64_t threads = kernel_pool().num_threads();
-  const int64_t grain = std::max<int64_t>(16, g.n / (4 * threads));
-  kernel_pool().parallel_for(g.n, grain, body);
+  kernel_pool().parallel_for(g.n, SmallMGrain(g.n, g.m), [&](int64_t j0, int64_t j1) {
+    SmallMRows<kBf16>(g, af.data(), j0, j1);
+  });
+}
+
+// Rows [0, g.m) in chunks of kSmallM, columns [j0, j1): the column tiles outermost, so a tile's
+// weight rows come from memory once for every chunk (later chunks find them in cache).
+template <bool kBf16>
+void SmallMChunks(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
+  const int64_t kbs = num_blocks(g.k), ldo = g.ldo ? g.ldo : g.n;
+  for (int64_t jt = j0; jt < j1; jt += kSmallMTile) {
+    const int64_t je = std::min(j1, jt + kSmallMTile);
+    for (int64_t r0 = 0; r0 < g.m; r0 += kSmallM) {
+      GemmArgs s = g;
+      s.m = std::min(kSmallM, g.m - r0);
+      if (g.out) s.out = g.out + r0 * ldo;
+      if (g.out_f32) s.out_f32 = g.out_f32 + r0 * ldo;
+      if (g.a_scales) s.a_scales = g.a_scales + r0 * kbs;
+      SmallMRows<kBf16>(s, af + r0 * g.k, jt, je);
+    }
+  }
 }
 
 // Any M in the small-M order (the batch-invariant bf16 GEMM): rows in chunks of kSmallM, one task
-// per (chunk, column range), activations decoded once.
+// per column range, activations decoded once.
 template <bool kBf16>
 void SmallMAll(const GemmArgs& g) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   std::vector<float> af(size_t(g.m * g.k + L), 0.0f);
   DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
-  const int64_t chunks = (g.m + kSmallM - 1) / kSmallM;
-  const int64_t threads = kernel_pool().num_threads();
-  const int64_t grain = std::max<int64_t>(16, g.n / (4 * threads));
-  const int64_t col_tasks = (g.n + grain - 1) / grain;
-  const int64_t kbs = num_blocks(g.k);
-  kernel_pool().parallel_for(chunks * col_tasks, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r0 = (i / col_tasks) * kSmallM, j0 = (i % col_tasks) * grain;
-      const int64_t j1 = std::min(g.n, j0 + grain);
-      GemmArgs s = g;
-      s.m = std::min(kSmallM, g.m - r0);
-      if (g.out) s.out = g.out + r0 * g.n;
-      if (g.out_f32) s.out_f32 = g.out_f32 + r0 * g.n;
-      if (g.a_scales) s.a_scales = g.a_scales + r0 * kbs;
-      const float* a = af.data() + r0 * g.k;
-      SmallMRows<kBf16>(s, a, j0, j1);
-    }
+  kernel_pool().parallel_for(g.n, SmallMGrain(g.n, g.m), [&](int64_t j0, int64_t j1) {
+    SmallMChunks<kBf16>(g, af.data(), j0, j1);
   });
 }
 
 // Several bf16 problems (GemmBf16Params::batch, strided) in the small-M order, every problem's
-// (row chunk, column range) tasks in one pool dispatch: the per-head GEMMs of a decode step wake
-// the pool once. False, doing nothing, where a single call of the shape would take another kernel
-// (M > kSmallM outside the invariant mode, or k = 0): the caller runs the problems one by one.
+// column-range tasks in one pool dispatch: the per-head GEMMs of a decode step wake the pool once.
+// False, doing nothing, where a single call of the shape would take another kernel (M > kSmallM
+// outside the invariant mode, or k = 0): the caller runs the problems one by one.
 bool GemmBf16Batched(const GemmBf16Params& p) {
   if ((p.m > kSmallM && !small_m_invariant()) || p.k == 0) return false;
   if (p.m == 0 || p.n == 0 || p.batch == 0) return true;
@@ -192,25 +216,21 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t r = 0; r < p.m; ++r)
       DecodeRow<true>(p.a + b * p.a_batch + r * lda, af.data() + (b * p.m + r) * K, K);
-  const int64_t chunks = (p.m + kSmallM - 1) / kSmallM;
-  const int64_t threads = kernel_pool().num_threads();
-  const int64_t grain = std::max<int64_t>(16, p.n / (4 * threads));
-  const int64_t col_tasks = (p.n + grain - 1) / grain, per_problem = chunks * col_tasks;
+  const int64_t grain = SmallMGrain(p.n, p.m), col_tasks = (p.n + grain - 1) / grain;
   const int64_t ldo = p.row_out();
-  kernel_pool().parallel_for(p.batch * per_problem, 1, [&](int64_t i0, int64_t i1) {
+  kernel_pool().parallel_for(p.batch * col_tasks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / per_problem, rem = i % per_problem;
-      const int64_t r0 = (rem / col_tasks) * kSmallM, j0 = (rem % col_tasks) * grain;
+      const int64_t b = i / col_tasks, j0 = (i % col_tasks) * grain;
       GemmArgs s{};
       s.w = p.w + b * p.w_batch;
-      s.out = p.out ? p.out + b * p.out_batch + r0 * ldo : nullptr;
-      s.out_f32 = p.out_f32 ? p.out_f32 + b * p.out_batch + r0 * ldo : nullptr;
-      s.m = std::min(kSmallM, p.m - r0);
+      s.out = p.out ? p.out + b * p.out_batch : nullptr;
+      s.out_f32 = p.out_f32 ? p.out_f32 + b * p.out_batch : nullptr;
+      s.m = p.m;
       s.n = p.n;
       s.k = K;
       s.bf16_inputs = true;
       s.ldo = ldo;
-      SmallMRows<true>(s, af.data() + (b * p.m + r0) * K, j0, std::min(p.n, j0 + grain));
+      SmallMChunks<true>(s, af.data() + b * p.m * K, j0, std::min(p.n, j0 + grain));
     }
   });
   return true;
