@@ -225,6 +225,8 @@ TEST(BatchInvariance, GemmBf16) {
   gemm_bf16_case(288, 512, false);
   gemm_bf16_case(130, 64, true);   // the absorbed-MLA shapes: k < 128
   gemm_bf16_case(32, 128, false);  // n < one panel
+  // 8·k f32 activations beyond L1's budget: column tiles (the last one partial) and a K edge
+  gemm_bf16_case(100, 1000, true);
 }
 
 // ---- per-row elementwise kernels ----------------------------------------------------------------
