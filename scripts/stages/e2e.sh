@@ -127,9 +127,10 @@ fi
 # sensitive, but the engine matches the reference bit for bit on its ops, which the SIMD sums of
 # mhc_pre and the Engram gate cannot). Measured: 3.8e-2 on the cpu kernels, 1.3e-2 on host.
 ETOL=5e-2
-if [[ "$MODEL" == models/tiny ]]; then
-  echo "--- models/tiny keeps its logits hash c8c7da044dfb735f (docs/numerics.md §10)"
-  [[ "$hash" == c8c7da044dfb735f ]] || { echo "e2e: models/tiny's hash is $hash, not c8c7da044dfb735f"; exit 1; }
+# The documented hash holds where the bf16 GEMMs run VDPBF16PS (AVX512-BF16, the CI EPYC).
+if [[ "$MODEL" == models/tiny ]] && grep -qw avx512_bf16 /proc/cpuinfo; then
+  echo "--- models/tiny keeps its logits hash 4fba3cec31244f00 (docs/numerics.md §10)"
+  [[ "$hash" == 4fba3cec31244f00 ]] || { echo "e2e: models/tiny's hash is $hash, not 4fba3cec31244f00"; exit 1; }
 fi
 ENGRAM_MODEL=${ENGRAM_MODEL:-models/tiny-engram}
 if [[ -f "$ENGRAM_MODEL/golden/golden.json" ]]; then

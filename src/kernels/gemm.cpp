@@ -2,6 +2,7 @@
 #include "kernels/gemm.h"
 
 #include "core/check.h"
+#include "kernels/profiler.h"
 
 namespace deepinfer::kernels {
 
@@ -74,6 +75,24 @@ void validate(const GemmBf16Params& p) {
 void gemm_fp8(const GemmFp8Params& p) {
   validate(p);
   dispatch(p, host::gemm_fp8, cpu::gemm_fp8);
+}
+
+void gemm_fp8_multi(std::span<const GemmFp8Params> problems) {
+  for (const auto& p : problems) validate(p);
+  if (current_backend() != KernelBackend::cpu || active_recorder() != nullptr) {
+    for (const auto& p : problems) gemm_fp8(p);
+    return;
+  }
+  // The calls count as gemm_fp8 calls (DEEPINFER_FAULT=kernel:gemm_fp8:<i> still finds its call).
+  std::vector<size_t> faulty;
+  for (size_t i = 0; i < problems.size(); ++i)
+    if (fault_matches(OpSpec<GemmFp8Params>::name, next_call_index(OpSpec<GemmFp8Params>::name)))
+      faulty.push_back(i);
+  if (Profiler* prof = active_profiler(); prof != nullptr) [[unlikely]]
+    detail::profile_call(*prof, "gemm_fp8_multi", [&] { cpu::gemm_fp8_multi(problems); });
+  else
+    cpu::gemm_fp8_multi(problems);
+  for (size_t i : faulty) detail::apply_fault(collect_buffers(problems[i]));
 }
 
 void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p) {

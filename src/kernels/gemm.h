@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "core/check.h"
@@ -99,6 +100,15 @@ void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p);
 void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p);
 void gemm_bf16(const GemmBf16Params& p);
 
+// Several independent fp8 GEMMs in one call: a layer's expert projections, each on its own weight
+// (the checkpoint keeps one tensor per expert, so there is no [E, n, k] stack for
+// gemm_fp8_grouped_contiguous without copying every expert). Each problem gets exactly the bytes
+// gemm_fp8 gives it alone. The cpu backend runs the problems its decode layout kernel takes in one
+// pool dispatch (a decode step then waits once per projection group, not once per expert); the
+// others, the host backend, recording and faults go one gemm_fp8 call per problem. Problems must
+// not write the same element. The profile shows it as op gemm_fp8_multi.
+void gemm_fp8_multi(std::span<const GemmFp8Params> problems);
+
 namespace host {
 void gemm_fp8(const GemmFp8Params& p);
 void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p);
@@ -108,6 +118,7 @@ void gemm_bf16(const GemmBf16Params& p);
 
 namespace cpu {
 void gemm_fp8(const GemmFp8Params& p);
+void gemm_fp8_multi(std::span<const GemmFp8Params> problems);
 void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p);
 void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p);
 void gemm_bf16(const GemmBf16Params& p);

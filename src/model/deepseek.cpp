@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <span>
+#include <utility>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -186,17 +189,7 @@ struct DeepseekModel::Impl {
         q = qq;
         s = ss;
       }
-      k::GemmFp8Params p;
-      p.a = q;
-      p.a_scales = s;
-      p.w = l.w_fp8;
-      p.w_scales = l.w_scale;
-      p.w_decode = l.w_decode;
-      p.out = out;
-      p.m = T;
-      p.n = l.out;
-      p.k = l.in;
-      k::gemm_fp8(p);
+      k::gemm_fp8(fp8_gemm(l, q, s, T, out));
     } else {
       DI_CHECK(a.x != nullptr, "linear {}: BF16 weight needs bf16 input", l.name);
       k::GemmBf16Params p;
@@ -208,6 +201,20 @@ struct DeepseekModel::Impl {
       p.k = l.in;
       k::gemm_bf16(p);
     }
+  }
+
+  // Linears of one input (out = x·Wᵀ each), the fp8 ones in one gemm_fp8_multi (one pool
+  // dispatch); the same bytes as one linear() each.
+  void linears(std::initializer_list<std::pair<const Linear*, bf16*>> ls, const Act& a, int64_t T) {
+    if (T == 0) return;
+    gemms_.clear();
+    for (const auto& [l, out] : ls) {
+      if (l->fp8() && a.q)
+        gemms_.push_back(fp8_gemm(*l, a.q, a.scales, T, out));
+      else
+        linear(*l, a, T, out);
+    }
+    k::gemm_fp8_multi(gemms_);
   }
 
   void rms_norm(const bf16* x, const bf16* wt, int64_t T, int64_t dim, bf16* y,
@@ -241,32 +248,105 @@ struct DeepseekModel::Impl {
 
   // SwiGLU MLP on T rows: out [T, hidden] = down(silu(gate·x) ⊙ up·x).
   void mlp(const Mlp& m, const Act& a, int64_t T, bf16* out) {
-    if (T == 0) return;
-    const int64_t I = m.gate.out;
-    bf16* g = gbuf.get(T * I);
-    bf16* u = ubuf.get(T * I);
-    linear(m.gate, a, T, g);
-    linear(m.up, a, T, u);
-    k::SwigluParams sp;
-    sp.gate = g;
-    sp.up = u;
-    sp.num_tokens = T;
-    sp.inter = I;
-    sp.in_stride = I;
-    sp.ue8m0 = cfg.ue8m0_scales;
-    Act da;
-    bf16* y = t1.get(T * I);
-    if (m.down.fp8()) {
-      sp.q = tq.get(T * I);
-      sp.scales = ts.get(T * k::num_blocks(I));
-      da.q = sp.q;
-      da.scales = sp.scales;
-    } else {
-      sp.y = y;
-      da.x = y;
+    MlpJob j{&m, a, T, out};
+    mlp_up(std::span<MlpJob>(&j, 1));
+    mlp_down(std::span<const MlpJob>(&j, 1));
+  }
+
+  // Several SwiGLU MLPs, each on its own rows (a MoE layer's shared and routed experts), in two
+  // stages whose fp8 GEMMs are one gemm_fp8_multi each: the pool wakes twice per layer, not three
+  // times per expert (docs/performance.md §8). Each row gets the bytes mlp() alone gives it.
+  struct MlpJob {
+    const Mlp* m = nullptr;
+    Act in;  // [rows, hidden]
+    int64_t rows = 0;
+    bf16* out = nullptr;            // [rows, hidden]; needed by mlp_down only
+    int64_t at = 0, at_blocks = 0;  // where its rows start in gbuf/ubuf/t1/tq and in ts
+  };
+  std::vector<k::GemmFp8Params> gemms_;
+  std::vector<MlpJob> moe_jobs;
+
+  k::GemmFp8Params fp8_gemm(const Linear& l, const fp8_e4m3* q, const float* s, int64_t T,
+                            bf16* out) const {
+    k::GemmFp8Params p;
+    p.a = q;
+    p.a_scales = s;
+    p.w = l.w_fp8;
+    p.w_scales = l.w_scale;
+    p.w_decode = l.w_decode;
+    p.out = out;
+    p.m = T;
+    p.n = l.out;
+    p.k = l.in;
+    return p;
+  }
+
+  // Stage 1: gate·x and up·x, then SwiGLU (with the fp8 cast where down is fp8) into t1 or tq/ts.
+  void mlp_up(std::span<MlpJob> jobs) {
+    int64_t elems = 0, blocks = 0;
+    for (MlpJob& j : jobs) {
+      j.at = elems;
+      j.at_blocks = blocks;
+      elems += j.rows * j.m->gate.out;
+      blocks += j.rows * k::num_blocks(j.m->gate.out);
     }
-    k::swiglu(sp);
-    linear(m.down, da, T, out);
+    if (elems == 0) return;
+    bf16* g = gbuf.get(elems);
+    bf16* u = ubuf.get(elems);
+    gemms_.clear();
+    for (const MlpJob& j : jobs) {
+      if (j.rows == 0) continue;
+      for (const auto& [l, dst] : {std::pair{&j.m->gate, g}, std::pair{&j.m->up, u}}) {
+        if (l->fp8() && j.in.q)
+          gemms_.push_back(fp8_gemm(*l, j.in.q, j.in.scales, j.rows, dst + j.at));
+        else
+          linear(*l, j.in, j.rows, dst + j.at);  // bf16, or fp8 that casts x first (into tq)
+      }
+    }
+    k::gemm_fp8_multi(gemms_);
+    fp8_e4m3* q = tq.get(elems);
+    float* s = ts.get(blocks);
+    bf16* y = t1.get(elems);
+    // One swiglu per run of jobs of one width (rows are independent).
+    for (size_t i = 0; i < jobs.size();) {
+      const int64_t I = jobs[i].m->gate.out;
+      const bool fp8_down = jobs[i].m->down.fp8();
+      int64_t rows = 0;
+      size_t e = i;
+      for (; e < jobs.size() && jobs[e].m->gate.out == I && jobs[e].m->down.fp8() == fp8_down; ++e)
+        rows += jobs[e].rows;
+      if (rows > 0) {
+        k::SwigluParams sp;
+        sp.gate = g + jobs[i].at;
+        sp.up = u + jobs[i].at;
+        sp.num_tokens = rows;
+        sp.inter = I;
+        sp.in_stride = I;
+        sp.ue8m0 = cfg.ue8m0_scales;
+        if (fp8_down) {
+          sp.q = q + jobs[i].at;
+          sp.scales = s + jobs[i].at_blocks;
+        } else {
+          sp.y = y + jobs[i].at;
+        }
+        k::swiglu(sp);
+      }
+      i = e;
+    }
+  }
+
+  // Stage 2: out = down(SwiGLU) from what mlp_up left in t1 or tq/ts.
+  void mlp_down(std::span<const MlpJob> jobs) {
+    gemms_.clear();
+    for (const MlpJob& j : jobs) {
+      if (j.rows == 0) continue;
+      const Linear& d = j.m->down;
+      if (d.fp8())
+        gemms_.push_back(fp8_gemm(d, tq.v.data() + j.at, ts.v.data() + j.at_blocks, j.rows, j.out));
+      else
+        linear(d, Act{t1.v.data() + j.at}, j.rows, j.out);
+    }
+    k::gemm_fp8_multi(gemms_);
   }
 
   // ---- attention ------------------------------------------------------------------------------
@@ -286,16 +366,15 @@ struct DeepseekModel::Impl {
       rms_norm(hbuf, L.input_norm, T, hid, x, 0, 0, xq8, xs8);  // [T, hid] bf16 + its fp8 cast
       const Act xa{x, xq8, xs8};
       bf16* qb = q.get(T * H * qk);  // [T, H, qk]
+      bf16* kvb_ = kv.get(T * row);  // [T, r + dr]
       if (cfg.q_lora_rank > 0) {
         bf16* qa = t0.get(T * cfg.q_lora_rank);
-        linear(L.q_a, xa, T, qa);  // [T, q_lora]
+        linears({{&L.q_a, qa}, {&L.kv_a, kvb_}}, xa, T);  // [T, q_lora], [T, r + dr]
         rms_norm(qa, L.q_a_norm, T, cfg.q_lora_rank, qa);
         linear(L.q_b, Act{qa}, T, qb);
       } else {
-        linear(L.q, xa, T, qb);
+        linears({{&L.q, qb}, {&L.kv_a, kvb_}}, xa, T);
       }
-      bf16* kvb_ = kv.get(T * row);  // [T, r + dr]
-      linear(L.kv_a, xa, T, kvb_);
       bf16* kr = kvrow.get(T * row);  // [T, r + dr]: [c_n | k_pe]
       rms_norm(kvb_, L.kv_a_norm, T, r, kr, row, row);
       for (int64_t t = 0; t < T; ++t)
@@ -488,37 +567,51 @@ struct DeepseekModel::Impl {
       k::KernelTag tag("moe.dispatch", k::ScopeKind::collective);
       dout = ep->dispatch(din);
     }
-    bf16* shared = nullptr;
-    if (L.has_shared && T > 0) {
-      k::KernelTag tag("moe.shared");
-      shared = shared_out.get(T * hid);
-      mlp(L.shared, Act{x, xq8, xs8}, T, shared);
+    // Gate and up of the shared expert (it reads x, in the dispatch input: before x_dispatch is
+    // dropped) and of every local expert over its segment of the expand layout, in one stage.
+    const int64_t S = dout.x.dim(0);
+    std::vector<MlpJob>& jobs = moe_jobs;
+    jobs.clear();
+    if (L.has_shared && T > 0) jobs.push_back({&L.shared, Act{x, xq8, xs8}, T});
+    int64_t off = 0;
+    for (size_t e = 0; e < dout.num_recv_tokens_per_expert_aligned.size(); ++e) {
+      const int64_t n = dout.num_recv_tokens_per_expert_aligned[e];
+      if (n == 0) continue;
+      Act a;
+      if (fp8_experts) {
+        a.q = dout.x.data<fp8_e4m3>() + off * hid;
+        a.scales = dout.scales.data<float>() + off * P;
+      } else {
+        a.x = dout.x.data<bf16>() + off * hid;
+      }
+      jobs.push_back({&L.experts[e], a, n});
+      off += n;
+    }
+    DI_CHECK(off == S, "expand layout: {} rows in expert segments, {} received", off, S);
+    {
+      k::KernelTag tag("moe.experts");
+      mlp_up(jobs);
     }
     din = {};
     x_dispatch = {};
     xq8 = nullptr;
-    const int64_t S = dout.x.dim(0);
     // [S, hid] expert outputs in the expand layout, written where combine reads them (on mpi's
     // direct lowering, the shared window: no copy there).
     Tensor y_out = ep->combine_input(dout.handle);
     bf16* y = y_out.data<bf16>();
+    bf16* shared = L.has_shared && T > 0 ? shared_out.get(T * hid) : nullptr;
+    off = 0;
+    for (MlpJob& j : jobs) {
+      if (j.m == &L.shared) {
+        j.out = shared;
+      } else {
+        j.out = y + off * hid;
+        off += j.rows;
+      }
+    }
     {
       k::KernelTag tag("moe.experts");
-      int64_t off = 0;
-      for (size_t e = 0; e < dout.num_recv_tokens_per_expert_aligned.size(); ++e) {
-        const int64_t n = dout.num_recv_tokens_per_expert_aligned[e];
-        if (n == 0) continue;
-        Act a;
-        if (fp8_experts) {
-          a.q = dout.x.data<fp8_e4m3>() + off * hid;
-          a.scales = dout.scales.data<float>() + off * P;
-        } else {
-          a.x = dout.x.data<bf16>() + off * hid;
-        }
-        mlp(L.experts[e], a, n, y + off * hid);
-        off += n;
-      }
-      DI_CHECK(off == S, "expand layout: {} rows in expert segments, {} received", off, S);
+      mlp_down(jobs);
     }
     CombineOutput cout_;
     {
@@ -866,16 +959,8 @@ struct DeepseekModel::Impl {
         fp8_e4m3* q = tq.get(R * hid);
         float* s = ts.get(R * k::num_blocks(hid));
         quantize(gn, R, hid, q, s);
-        k::GemmFp8Params p;
-        p.a = q;
-        p.a_scales = s;
-        p.w = lm.w_fp8;
-        p.w_scales = lm.w_scale;
-        p.w_decode = lm.w_decode;
+        k::GemmFp8Params p = fp8_gemm(lm, q, s, R, nullptr);
         p.out_f32 = out.logits.data<float>();
-        p.m = R;
-        p.n = V;
-        p.k = hid;
         k::gemm_fp8(p);  // [R, V] f32 logits
       } else {
         k::GemmBf16Params gp;

@@ -233,6 +233,22 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(map_, map_size_);
 }
 
+void SafetensorsFile::release(const std::byte* data, size_t nbytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(map_), at = reinterpret_cast<uintptr_t>(data);
+  if (map_ == nullptr || at < begin || at + nbytes > begin + map_size_) return;
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (at + page - 1) / page * page, hi = (at + nbytes) / page * page;
+  // A private read-only mapping never written: dropping its pages loses nothing.
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
+void Checkpoint::release(const std::string& name) const {
+  if (moved_.count(name) != 0) return;
+  if (base_) return base_->release(name);
+  const TensorView& t = get(name);
+  for (const auto& f : files_) f->release(t.data, t.nbytes);  // only its own file acts
+}
+
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) DI_FAIL("checkpoint folder {} does not exist", dir);

@@ -56,6 +56,9 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Drops the whole pages of [data, data + nbytes) (inside this file's mapping, else nothing)
+  // from the process's resident set; a later read maps them again from the page cache.
+  void release(const std::byte* data, size_t nbytes) const;
 
  private:
   std::string path_;
@@ -86,6 +89,10 @@ class Checkpoint {
                         const std::vector<int64_t>& shape) const;
   std::vector<std::string> names() const;
   size_t total_bytes() const;
+  // The tensor's mapped pages leave the resident set (SafetensorsFile::release): for tensors the
+  // runtime keeps in another form (the fp8 weights' decode layout), so they are not held twice.
+  // Nothing for a moved tensor (its memory is the caller's copy).
+  void release(const std::string& name) const;
 
  private:
   std::string dir_;

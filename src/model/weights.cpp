@@ -48,11 +48,17 @@ class Loader {
     } else if (w.dtype == DType::bf16) {
       l.w_bf16 = w.as<bf16>();
       account(w.nbytes);
-      if (opts_.gemm == GemmMode::fp8 && opts_.quantize_fp8) quantize_linear_fp8(l);
+      if (opts_.gemm == GemmMode::fp8 && opts_.quantize_fp8) {
+        quantize_linear_fp8(l);
+        ckpt_.release(wname);  // the BF16 source is not read again
+      }
     } else {
       DI_FAIL("tensor {} must be F8_E4M3 (+ weight_scale_inv) or BF16", w.describe());
     }
     if (opts_.decode_layout && l.fp8()) attach_decode_layout(l);
+    // The cpu kernels read the decode layout only; the checkpoint's codes stay mapped for the
+    // host backend and replays, which fault them in again (docs/performance.md §8).
+    if (l.w_decode && l.w_fp8 == w.as<fp8_e4m3>()) ckpt_.release(wname);
     return l;
   }
 
@@ -79,7 +85,8 @@ class Loader {
   }
 
   // A second copy of the codes in the order the cpu decode GEMM reads (none where the CPU has no
-  // such kernel): faster decode GEMMs for +1 byte per fp8 weight (docs/performance.md §5).
+  // such kernel): faster decode GEMMs for +1 byte per fp8 weight, or none resident where the codes
+  // stay in the mapped checkpoint and are released (docs/performance.md §5).
   static void attach_decode_layout(Linear& l) {
     const size_t bytes = kernels::decode_layout_bytes(l.out, l.in);
     if (bytes == 0) return;

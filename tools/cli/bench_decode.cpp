@@ -4,12 +4,12 @@
 // the decode roofline = read bandwidth (a 1 GiB read-only pass in this run) ÷ the weight bytes a
 // step reads (shared weights once, the distinct experts the batch routes to). --profile prints the
 // decode step per op and per layer (docs/performance.md §8). --model synthetic writes a
-// DeepSeek-V3-architecture model with random BF16 weights (fixed seed) in HF layout into
-// --synthetic-dir and loads it with
-// --quantize fp8. --speculative mtp [--draft-tokens k] adds a line for self-speculative decode
-// (docs/architecture.md §6.1): tokens/s against plain decode's of the same run (runs alternate),
-// i.e. the speedup, with the acceptance (accepted / verified drafts), tokens per verify step and
-// the share of the time in the MTP forwards; the tokens must equal plain greedy decode's. With
+// DeepSeek-V3-architecture model with random weights (fixed seed; FP8 linears) in HF layout into
+// --synthetic-dir and loads it. --speculative mtp [--draft-tokens k] adds a line for
+// self-speculative decode (docs/architecture.md §6.1): tokens/s against plain decode's of the same
+// run (runs alternate), i.e. the speedup, with the acceptance (accepted / verified drafts), tokens
+// per verify step and the share of the time in the MTP forwards; the tokens must equal plain greedy
+// decode's. With
 // --model synthetic the model then has an MTP module (its own folder, --synthetic-dir + "-mtp").
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
@@ -48,7 +48,7 @@ struct BenchDecodeCli {
   int ep = 1;
   int threads = 2;
   std::string quantize;
-  std::string synthetic_dir = "build/synthetic-v3";
+  std::string synthetic_dir = "build/synthetic-v3-fp8";
   int64_t prompt_tokens = 128;
   int64_t decode_tokens = 32;
   int reps = 3;
@@ -129,7 +129,6 @@ int run_bench_decode(BenchDecodeCli o) {
       name += "-mtp";
     }
     write_synthetic_model(dir, o.speculative.on());
-    if (o.quantize.empty()) o.quantize = "fp8";
   }
   ThreadPool pool(o.threads);
   kernels::testing::BenchContext ctx;
@@ -350,7 +349,8 @@ DEEPINFER_COMMAND(
     "bench", "decode",
     "Engine prefill (vs the fp32 FMA / BF16-dot peak) and decode at batch B (vs the weight-read "
     "roofline) tokens/s; "
-    "JSON lines. --model synthetic: a DeepSeek-V3-architecture model with random BF16 weights",
+    "JSON lines. --model synthetic: a DeepSeek-V3-architecture model with random weights, FP8 "
+    "linears as the official checkpoints",
     [](CLI::App& app) {
       auto o = std::make_shared<BenchDecodeCli>();
       app.add_option("--model", o->model, "Model folder, or `synthetic` (default models/tiny)");
@@ -358,12 +358,11 @@ DEEPINFER_COMMAND(
           ->check(CLI::Range(1, 64));
       app.add_option("--threads", o->threads, "Kernel threads (default 2)")
           ->check(CLI::Range(1, 1024));
-      app.add_option("--quantize", o->quantize,
-                     "fp8: quantize BF16 weights at load (synthetic: always)")
+      app.add_option("--quantize", o->quantize, "fp8: quantize BF16 weights at load")
           ->check(CLI::IsMember({"fp8"}));
-      app.add_option(
-          "--synthetic-dir", o->synthetic_dir,
-          "Where the synthetic model is written (reused if present; default build/synthetic-v3)");
+      app.add_option("--synthetic-dir", o->synthetic_dir,
+                     "Where the synthetic model is written (reused if present; default "
+                     "build/synthetic-v3-fp8)");
       app.add_option("--prompt-tokens", o->prompt_tokens, "Prefill prompt length (default 128)")
           ->check(CLI::Range(int64_t(1), int64_t(4096)));
       app.add_option("--decode-tokens", o->decode_tokens, "Decode steps per run (default 32)")

@@ -41,7 +41,7 @@ struct BenchServeCli {
   int64_t requests = 0;  // per C; 0: 2·C, at least 8
   int ep = 1;
   std::string comm;
-  std::string synthetic_dir = "build/synthetic-v3";
+  std::string synthetic_dir = "build/synthetic-v3-fp8";
   int64_t max_batch = 64;
 };
 
@@ -153,7 +153,6 @@ int run_bench_serve(BenchServeCli o) {
     if (o.model == "synthetic") {
       dir = o.synthetic_dir;
       write_synthetic_model(dir);
-      so.launch.quantize_fp8 = true;
     }
     try {
       model::check_model_dir(dir);
@@ -292,7 +291,7 @@ DEEPINFER_COMMAND(
       app.add_option("--max-batch", o->max_batch, "Server sequences per rank (default 64)")
           ->check(integer_in(1, 4096));
       app.add_option("--synthetic-dir", o->synthetic_dir,
-                     "Where the synthetic model is written (default build/synthetic-v3)");
+                     "Where the synthetic model is written (default build/synthetic-v3-fp8)");
       return [o] { return run_bench_serve(*o); };
     });
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/quant.h"
 #include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
 
@@ -60,7 +61,9 @@ void write_synthetic_tokenizer(const std::string& path, int64_t vocab) {
   std::ofstream(path) << t.dump();
 }
 
-// The synthetic DeepSeek-V3-architecture model of issue 5 (HF layout, BF16, no YaRN).
+// The synthetic DeepSeek-V3-architecture model of issue 5 (HF layout, no YaRN), stored as the
+// official checkpoints are: the linear layers FP8 with 128×128 block scales (weight_scale_inv),
+// the embedding, LM head, router and norms BF16.
 void write_synthetic_model(const std::string& dir, bool mtp) {
   if (!fs::exists(dir + "/tokenizer.json")) {
     fs::create_directories(dir);
@@ -76,6 +79,7 @@ void write_synthetic_model(const std::string& dir, bool mtp) {
   std::mt19937_64 rng(20250101);
   std::vector<std::vector<uint16_t>> store;
   std::vector<std::vector<float>> fstore;
+  std::vector<std::vector<fp8_e4m3>> qstore;
   std::vector<model::TensorToWrite> ts;
   auto bf16_tensor = [&](const std::string& name, std::vector<int64_t> shape, float amp) {
     int64_t n = 1;
@@ -97,11 +101,36 @@ void write_synthetic_model(const std::string& dir, bool mtp) {
     store.emplace_back(size_t(n), f32_to_bf16(1.0f).bits);
     ts.push_back({name, DType::bf16, {n}, store.back().data()});
   };
-  auto lin = [&](const std::string& name, int64_t out, int64_t in) {
+  auto bf16_lin = [&](const std::string& name, int64_t out, int64_t in) {
     bf16_tensor(name + ".weight", {out, in}, std::sqrt(3.0f / float(in)));
   };
+  // Random BF16 values cast as the engine's --quantize fp8 casts them (the same weights either
+  // way).
+  auto lin = [&](const std::string& name, int64_t out, int64_t in) {
+    bf16_lin(name, out, in);
+    const std::vector<uint16_t> src = std::move(store.back());
+    store.pop_back();
+    ts.pop_back();
+    std::vector<float> w(src.size());
+    for (size_t i = 0; i < src.size(); ++i) w[i] = bf16_to_f32(bf16{src[i]});
+    qstore.emplace_back(src.size());
+    fstore.emplace_back(size_t(kernels::num_blocks(out) * kernels::num_blocks(in)));
+    kernels::QuantBlockParams p;
+    p.w = w.data();
+    p.q = qstore.back().data();
+    p.scales = fstore.back().data();
+    p.n = out;
+    p.k = in;
+    kernels::quant_per_block(p);
+    ts.push_back({name + ".weight", DType::e4m3, {out, in}, qstore.back().data()});
+    ts.push_back({name + ".weight_scale_inv",
+                  DType::f32,
+                  {kernels::num_blocks(out), kernels::num_blocks(in)},
+                  fstore.back().data()});
+  };
   store.reserve(1024);
-  fstore.reserve(64);
+  fstore.reserve(1024);
+  qstore.reserve(1024);
   bf16_tensor("model.embed_tokens.weight", {kVocab, kHidden}, 1.0f);
   bf16_tensor("lm_head.weight", {kVocab, kHidden}, std::sqrt(3.0f / kHidden));
   ones("model.norm.weight", kHidden);
@@ -129,7 +158,7 @@ void write_synthetic_model(const std::string& dir, bool mtp) {
       lin(m + ".down_proj", kHidden, kInter);
       continue;
     }
-    lin(m + ".gate", kExperts, kHidden);
+    bf16_lin(m + ".gate", kExperts, kHidden);  // the router stays BF16
     fstore.emplace_back(size_t(kExperts));
     for (auto& b : fstore.back()) b = float(int64_t(rng() % 2001) - 1000) * 1e-5f;
     ts.push_back(
@@ -157,7 +186,9 @@ void write_synthetic_model(const std::string& dir, bool mtp) {
   "q_lora_rank": {}, "kv_lora_rank": {}, "qk_nope_head_dim": {}, "qk_rope_head_dim": {}, "v_head_dim": {},
   "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "rope_scaling": null,
   "max_position_embeddings": 4096, "num_nextn_predict_layers": {}, "attention_bias": false,
-  "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+  "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "quantization_config": {{"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                          "weight_block_size": [128, 128]}}
 }}
 )",
                      kVocab, kHidden, kInter, kMoeInter, kLayers, kHeads, kHeads, kDense, kExperts,

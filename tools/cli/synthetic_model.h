@@ -1,5 +1,6 @@
 // The synthetic DeepSeek-V3-architecture model the benchmarks run (hidden 2048, 8 layers, 32
-// experts top-4, vocabulary 32000, random BF16 weights; docs/performance.md), written once into a
+// experts top-4, vocabulary 32000, random weights, FP8 linears as the official checkpoints;
+// docs/performance.md), written once into a
 // folder in the HuggingFace layout with a tokenizer.json that covers its vocabulary.
 #pragma once
 

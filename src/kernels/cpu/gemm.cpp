@@ -162,8 +162,24 @@ int64_t SmallMGrain(int64_t n, int64_t rows) {
   return std::max<int64_t>(rows > kSmallM ? kSmallMTile : 16, n / (4 * threads));
 }
 
+// bf16 activation rows for bf16_dot_rows, copied 64-byte aligned with a row stride (returned) of
+// 64 bytes more than a multiple of 64: rows K·2 = 4 KiB apart (hidden 2048) would all fall in the
+// same L1 sets, and 8 of them plus the weight rows overflow a set's ways (measured: the M = 8 LM
+// head ran 1.5× slower in place).
+int64_t PadBf16Rows(const uint16_t* a, int64_t lda, int64_t m, int64_t k,
+                    hwy::AlignedFreeUniquePtr<uint16_t[]>& buf) {
+  const int64_t ld = (k + 31) / 32 * 32 + 32;
+  buf = hwy::AllocateAligned<uint16_t>(size_t(std::max<int64_t>(m * ld, 1)));
+  for (int64_t r = 0; r < m; ++r) std::memcpy(buf.get() + r * ld, a + r * lda, size_t(k) * 2);
+  return ld;
+}
+
+template <bool kBf16>
+void SmallMAll(const GemmArgs& g);
+
 template <bool kBf16>
 void SmallM(const GemmArgs& g) {
+  if (kBf16 && bf16_dot_gemm()) return SmallMAll<kBf16>(g);  // one BF16-dot path for every M
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   // Activations decoded once, padded by one vector so K-edge loads stay in bounds.
@@ -176,8 +192,9 @@ void SmallM(const GemmArgs& g) {
 
 // Rows [0, g.m) in chunks of kSmallM, columns [j0, j1): the column tiles outermost, so a tile's
 // weight rows come from memory once for every chunk (later chunks find them in cache).
-template <bool kBf16>
-void SmallMChunks(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
+// rows(s, r0, jt, je) computes the chunk s (rows r0.. of g) for columns [jt, je).
+template <class Rows>
+void SmallMChunks(const GemmArgs& g, int64_t j0, int64_t j1, const Rows& rows) {
   const int64_t kbs = num_blocks(g.k), ldo = g.ldo ? g.ldo : g.n;
   for (int64_t jt = j0; jt < j1; jt += kSmallMTile) {
     const int64_t je = std::min(j1, jt + kSmallMTile);
@@ -187,21 +204,45 @@ void SmallMChunks(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, i
       if (g.out) s.out = g.out + r0 * ldo;
       if (g.out_f32) s.out_f32 = g.out_f32 + r0 * ldo;
       if (g.a_scales) s.a_scales = g.a_scales + r0 * kbs;
-      SmallMRows<kBf16>(s, af + r0 * g.k, jt, je);
+      rows(s, r0, jt, je);
     }
   }
 }
 
+// SmallMChunks over f32 activations af [m, k] (decoded once).
+template <bool kBf16>
+void SmallMChunksF32(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0, int64_t j1) {
+  SmallMChunks(g, j0, j1, [&](const GemmArgs& s, int64_t r0, int64_t jt, int64_t je) {
+    SmallMRows<kBf16>(s, af + r0 * g.k, jt, je);
+  });
+}
+
+// SmallMChunks of a bf16 GEMM through bf16_dot_rows, activations a (row stride lda) in place.
+void SmallMChunksDot(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1) {
+  SmallMChunks(g, j0, j1, [&](const GemmArgs& s, int64_t r0, int64_t jt, int64_t je) {
+    bf16_dot_rows(s, a + r0 * lda, lda, jt, je);
+  });
+}
+
 // Any M in the small-M order (the batch-invariant bf16 GEMM): rows in chunks of kSmallM, one task
-// per column range, activations decoded once.
+// per column range, activations decoded once (or copied as padded bf16 rows for the BF16-dot
+// kernel).
 template <bool kBf16>
 void SmallMAll(const GemmArgs& g) {
+  if (kBf16 && bf16_dot_gemm()) {
+    hwy::AlignedFreeUniquePtr<uint16_t[]> a;
+    const int64_t ld = PadBf16Rows(static_cast<const uint16_t*>(g.a), g.k, g.m, g.k, a);
+    kernel_pool().parallel_for(g.n, SmallMGrain(g.n, g.m), [&](int64_t j0, int64_t j1) {
+      SmallMChunksDot(g, a.get(), ld, j0, j1);
+    });
+    return;
+  }
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   std::vector<float> af(size_t(g.m * g.k + L), 0.0f);
   DecodeRow<kBf16>(g.a, af.data(), g.m * g.k);
   kernel_pool().parallel_for(g.n, SmallMGrain(g.n, g.m), [&](int64_t j0, int64_t j1) {
-    SmallMChunks<kBf16>(g, af.data(), j0, j1);
+    SmallMChunksF32<kBf16>(g, af.data(), j0, j1);
   });
 }
 
@@ -214,10 +255,21 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return true;
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df)), K = p.k, lda = p.row_a();
-  std::vector<float> af(size_t(p.batch * p.m * K + L), 0.0f);
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t r = 0; r < p.m; ++r)
-      DecodeRow<true>(p.a + b * p.a_batch + r * lda, af.data() + (b * p.m + r) * K, K);
+  const bool dot = bf16_dot_gemm();
+  std::vector<float> af(dot ? 0 : size_t(p.batch * p.m * K + L), 0.0f);
+  hwy::AlignedFreeUniquePtr<uint16_t[]> ab;  // dot: every problem's rows, padded (PadBf16Rows)
+  int64_t ld = 0;
+  if (dot) {
+    std::vector<uint16_t> rows(size_t(p.batch * p.m * K));
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t r = 0; r < p.m; ++r)
+        std::memcpy(rows.data() + (b * p.m + r) * K, p.a + b * p.a_batch + r * lda, size_t(K) * 2);
+    ld = PadBf16Rows(rows.data(), K, p.batch * p.m, K, ab);
+  } else {
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t r = 0; r < p.m; ++r)
+        DecodeRow<true>(p.a + b * p.a_batch + r * lda, af.data() + (b * p.m + r) * K, K);
+  }
   const int64_t grain = SmallMGrain(p.n, p.m), col_tasks = (p.n + grain - 1) / grain;
   const int64_t ldo = p.row_out();
   kernel_pool().parallel_for(p.batch * col_tasks, 1, [&](int64_t i0, int64_t i1) {
@@ -232,7 +284,11 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
       s.k = K;
       s.bf16_inputs = true;
       s.ldo = ldo;
-      SmallMChunks<true>(s, af.data() + b * p.m * K, j0, std::min(p.n, j0 + grain));
+      const int64_t j1 = std::min(p.n, j0 + grain);
+      if (dot)
+        SmallMChunksDot(s, ab.get() + b * p.m * ld, ld, j0, j1);
+      else
+        SmallMChunksF32<true>(s, af.data() + b * p.m * K, j0, j1);
     }
   });
   return true;
@@ -378,13 +434,7 @@ void LargeM(const GemmArgs& g) {
 bool ChunkedDecodeLayout(const GemmArgs& g) {
   if (g.bf16_inputs || g.m <= kSmallM || !small_m_invariant()) return false;
   for (int64_t r = 0; r < g.m; r += kSmallM) {
-    GemmArgs c = g;
-    c.m = std::min<int64_t>(kSmallM, g.m - r);
-    c.a = static_cast<const fp8_e4m3*>(g.a) + r * g.k;
-    c.a_scales = g.a_scales ? g.a_scales + r * (g.k / 128) : nullptr;
-    if (c.out) c.out += r * g.n;
-    if (c.out_f32) c.out_f32 += r * g.n;
-    if (!gemm_fp8_small_m_vbmi(c)) {
+    if (!gemm_fp8_small_m_vbmi(fp8_row_slice(g, r, std::min<int64_t>(kSmallM, g.m - r)))) {
       DI_CHECK(r == 0, "decode layout kernel refused chunk {} of a shape it took", r);
       return false;
     }
@@ -446,6 +496,26 @@ void zero_rows(bf16* out, int64_t rows, int64_t n) {
 
 void gemm_fp8(const GemmFp8Params& p) {
   run({p.a, p.a_scales, p.w, p.w_scales, p.out, p.out_f32, p.m, p.n, p.k, false, p.w_decode});
+}
+
+void gemm_fp8_multi(std::span<const GemmFp8Params> problems) {
+  // What Gemm would give each problem: the decode layout kernel for M <= kSmallM (and, batch
+  // invariant, for each kSmallM-row chunk of a larger M, as ChunkedDecodeLayout splits it), all of
+  // those in one dispatch; anything else one call at a time.
+  std::vector<GemmArgs> layout;
+  for (const GemmFp8Params& p : problems) {
+    const GemmArgs g{p.a, p.a_scales, p.w, p.w_scales, p.out,     p.out_f32,
+                     p.m, p.n,        p.k, false,      p.w_decode};
+    if (g.m == 0 || g.n == 0) continue;
+    const bool chunked = g.m > kSmallM && small_m_invariant();
+    if (takes_decode_layout(chunked ? fp8_row_slice(g, 0, kSmallM) : g)) {
+      for (int64_t r = 0; r < g.m; r += kSmallM)
+        layout.push_back(fp8_row_slice(g, r, std::min<int64_t>(kSmallM, g.m - r)));
+      continue;
+    }
+    run(g);
+  }
+  run_decode_layout_multi(layout);
 }
 
 void gemm_fp8_grouped_contiguous(const GemmFp8GroupedContiguousParams& p) {

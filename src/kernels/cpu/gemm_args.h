@@ -4,6 +4,7 @@
 #include <deepinfer/dtype.h>
 
 #include <cstdint>
+#include <span>
 
 namespace deepinfer::kernels::cpu {
 
@@ -21,12 +22,36 @@ struct GemmArgs {
 };
 constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
 
+// Rows [r, r + rows) of an fp8 GEMM g as a GEMM of its own.
+inline GemmArgs fp8_row_slice(const GemmArgs& g, int64_t r, int64_t rows) {
+  GemmArgs c = g;
+  c.m = rows;
+  c.a = static_cast<const fp8_e4m3*>(g.a) + r * g.k;
+  c.a_scales = g.a_scales ? g.a_scales + r * ((g.k + 127) / 128) : nullptr;
+  const int64_t ldo = g.ldo ? g.ldo : g.n;
+  if (c.out) c.out += r * ldo;
+  if (c.out_f32) c.out_f32 += r * ldo;
+  return c;
+}
+
 // fp8 decode GEMM (m <= kSmallM) on CPUs with AVX512-VBMI (Ice Lake+, Zen 4+), from the decode
 // layout where g.w_decode is set and the CPU has AVX512-BF16: returns false, doing nothing, where
 // the CPU or the shape (k % 128) does not fit.
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g);
+// Whether gemm_fp8_small_m_vbmi runs g on the decode layout kernel.
+bool takes_decode_layout(const GemmArgs& g);
+// Problems that each take the decode layout kernel, in one pool dispatch over all their panels;
+// every problem gets the bytes it gets alone.
+void run_decode_layout_multi(std::span<const GemmArgs> problems);
 // AVX512-VBMI and AVX512-BF16 (VDPBF16PS): what the decode layout needs.
 bool cpu_has_bf16_dot();
+// Whether bf16 GEMM rows sum with VDPBF16PS (bf16_dot_rows): the CPU has it and DecodeGemm is not
+// generic. Then every M <= kSmallM row, and in the batch-invariant mode every row, takes it.
+bool bf16_dot_gemm();
+// bf16 GEMM rows [0, g.m) (g.m <= kSmallM), output columns [j0, j1): a holds the rows' activations
+// (bf16, row stride lda), g.w the weight [n, k]; at most 2 products per lane per instruction and
+// half the instructions of f32 FMAs over decoded values. A row's sum order depends on k only.
+void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1);
 // The prefill kernel's weight panel from the decode layout: W[n0 + j, 128·kb + kk] as f32 at
 // out[p·32 + j] for j < 32, p = kk (swap_pairs: kk ^ 1) (64-byte aligned; columns past n are
 // zero). Returns false, doing nothing, where g has no decode layout, n0 % 32 != 0, or the CPU or

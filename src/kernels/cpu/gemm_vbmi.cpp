@@ -186,6 +186,63 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
   }
 }
 
+// ---- bf16 rows with VDPBF16PS
+// Lane l of a row's accumulator for a column takes the K pairs (32c + 2l, 32c + 2l + 1) for c = 0,
+// 1, ... in order (the K edge by masked loads of zeros); the lanes are summed in order at the end.
+// The order depends on K only, never on M or on how columns are tiled: every bf16 row of every
+// call sums the same way (batch invariance, docs/numerics.md §10). NC columns at a time share each
+// activation load (MM·NC accumulators in registers).
+// K pairs [32c, 32c + 32) (mask: the K edge) into the MM × NC accumulators.
+template <int MM, int NC>
+DI_BF16_TARGET inline __attribute__((always_inline)) void Bf16DotStep(__m512 (&acc)[MM][NC],
+                                                                      const uint16_t* w, int64_t K,
+                                                                      const uint16_t* a,
+                                                                      int64_t lda, int64_t c,
+                                                                      __mmask32 mask) {
+  __m512bh wv[NC];
+#pragma GCC unroll 8
+  for (int n = 0; n < NC; ++n) wv[n] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + n * K + 32 * c);
+#pragma GCC unroll 8
+  for (int r = 0; r < MM; ++r) {
+    const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * lda + 32 * c);
+#pragma GCC unroll 8
+    for (int n = 0; n < NC; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], av, wv[n]);
+  }
+}
+
+template <int MM, int NC>
+DI_BF16_TARGET void Bf16DotTile(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j) {
+  const int64_t K = g.k, full = K / 32, rem = K % 32;
+  const int64_t ldo = g.ldo ? g.ldo : g.n;
+  const uint16_t* w = static_cast<const uint16_t*>(g.w) + j * K;
+  __m512 acc[MM][NC];
+#pragma GCC unroll 8
+  for (int r = 0; r < MM; ++r)
+#pragma GCC unroll 8
+    for (int n = 0; n < NC; ++n) acc[r][n] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < full; ++c) Bf16DotStep<MM, NC>(acc, w, K, a, lda, c, __mmask32(~0u));
+  if (rem) Bf16DotStep<MM, NC>(acc, w, K, a, lda, full, __mmask32((1u << rem) - 1));
+#pragma GCC unroll 8
+  for (int r = 0; r < MM; ++r)
+#pragma GCC unroll 8
+    for (int n = 0; n < NC; ++n) {
+      const float v = hsum(acc[r][n]);
+      if (g.out)
+        g.out[r * ldo + j + n] = f32_to_bf16(v);
+      else
+        g.out_f32[r * ldo + j + n] = v;
+    }
+}
+
+template <int MM>
+DI_BF16_TARGET void Bf16DotRange(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0,
+                                 int64_t j1) {
+  constexpr int kNC = MM >= 5 ? 2 : MM >= 2 ? 4 : 1;
+  int64_t j = j0;
+  for (; j + kNC <= j1; j += kNC) Bf16DotTile<MM, kNC>(g, a, lda, j);
+  for (; j < j1; ++j) Bf16DotTile<MM, 1>(g, a, lda, j);
+}
+
 // ---- decode layout
 // ------------------------------------------------------------------------------- Panel = 32 output
 // columns (two groups of 16), all of K. In a panel, group g's chunk c (64 bytes) holds K [4c, 4c+4)
@@ -310,15 +367,38 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
   }
 }
 
-DI_BF16_TARGET void RunDecodeLayout(const GemmArgs& g) {
+// Every problem's activations as bf16 pairs, then one pool dispatch over the panels of all of them
+// (problem i owns panels [first[i], first[i + 1])).
+DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
   thread_local std::vector<uint16_t> act;
-  act.resize(size_t(g.m * g.k));
-  ActivationsBf16(g, act.data());
-  const uint16_t* a = act.data();
+  thread_local std::vector<int64_t> first, act_at;
+  first.assign(1, 0);
+  act_at.clear();
+  int64_t elems = 0;
+  for (const GemmArgs& g : gs) {
+    first.push_back(first.back() + (g.n + kPanel - 1) / kPanel);
+    act_at.push_back(elems);
+    elems += g.m * g.k;
+  }
+  act.resize(size_t(elems));
+  for (size_t i = 0; i < gs.size(); ++i) ActivationsBf16(gs[i], act.data() + act_at[size_t(i)]);
+  // The workers see their own thread_locals: hand them this thread's.
+  const int64_t* const start = first.data();
+  const int64_t* const at = act_at.data();
+  const uint16_t* const acts = act.data();
+  const size_t count = gs.size();
   auto body = [&](int64_t p0, int64_t p1) {
-    with_rows(g.m, [&]<int MM>() { PanelRange<MM>(g, a, p0, p1); });
+    size_t i = size_t(std::upper_bound(start, start + count + 1, p0) - start) - 1;
+    for (; p0 < p1; ++i) {
+      const int64_t hi = std::min(p1, start[i + 1]);
+      const GemmArgs& g = gs[i];
+      const uint16_t* a = acts + at[i];
+      if (hi > p0)
+        with_rows(g.m, [&]<int MM>() { PanelRange<MM>(g, a, p0 - start[i], hi - start[i]); });
+      p0 = hi;
+    }
   };
-  const int64_t panels = (g.n + kPanel - 1) / kPanel, threads = kernel_pool().num_threads();
+  const int64_t panels = start[count], threads = kernel_pool().num_threads();
   kernel_pool().parallel_for(panels, std::max<int64_t>(1, panels / (4 * threads)), body);
 }
 
@@ -400,23 +480,46 @@ bool small_m_invariant() {
   return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());
 }
 
-bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
-  if (g.bf16_inputs || g.m < 1 || g.m > kSmallM || g.k % 128 != 0 || !g.a_scales || !g.w_scales)
-    return false;
-  const DecodeGemm mode = g_decode_gemm;
-  if (mode == DecodeGemm::generic || !cpu_has_vbmi()) return false;
-  const bool layout = g.w_decode && cpu_has_bf16_dot();
-  if (small_m_invariant()) {
+namespace {
+// The shapes and settings any VBMI decode kernel takes.
+bool vbmi_decode_fits(const GemmArgs& g) {
+  return !g.bf16_inputs && g.m >= 1 && g.m <= kSmallM && g.k % 128 == 0 && g.a_scales &&
+         g.w_scales && g_decode_gemm != DecodeGemm::generic && cpu_has_vbmi();
+}
+}  // namespace
+
+bool takes_decode_layout(const GemmArgs& g) {
+  if (!vbmi_decode_fits(g) || !g.w_decode || !cpu_has_bf16_dot()) return false;
+  if (small_m_invariant()) {  // the prefill kernel's order (invariant_pairs_swapped)
     const DotOrder order = dot_order();
-    if (!layout || (order != DotOrder::even_first && order != DotOrder::odd_first))
-      return false;      // the prefill kernel itself
-    RunDecodeLayout(g);  // the prefill kernel's order (invariant_pairs_swapped)
-  } else if (mode == DecodeGemm::automatic && layout) {
-    RunDecodeLayout(g);
-  } else {
-    Run(g);
+    return order == DotOrder::even_first || order == DotOrder::odd_first;
   }
+  return g_decode_gemm == DecodeGemm::automatic;
+}
+
+bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
+  if (takes_decode_layout(g)) {
+    RunDecodeLayout(std::span<const GemmArgs>(&g, 1));
+    return true;
+  }
+  if (!vbmi_decode_fits(g) || small_m_invariant()) return false;  // invariant: the prefill kernel
+  Run(g);
   return true;
+}
+
+void run_decode_layout_multi(std::span<const GemmArgs> problems) {
+  for (const GemmArgs& g : problems)
+    DI_CHECK(takes_decode_layout(g), "run_decode_layout_multi: m={} n={} k={} does not take it",
+             g.m, g.n, g.k);
+  if (!problems.empty()) RunDecodeLayout(problems);
+}
+
+bool bf16_dot_gemm() { return cpu_has_bf16_dot() && g_decode_gemm != DecodeGemm::generic; }
+
+void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1) {
+  DI_CHECK(g.bf16_inputs && g.m >= 1 && g.m <= kSmallM && bf16_dot_gemm(),
+           "bf16_dot_rows: m={} on a CPU or setting without it", g.m);
+  with_rows(g.m, [&]<int MM>() { Bf16DotRange<MM>(g, a, lda, j0, j1); });
 }
 
 bool invariant_pairs_swapped(const GemmArgs& g) {
@@ -462,6 +565,14 @@ void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
 #else
 namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
+bool takes_decode_layout(const GemmArgs&) { return false; }
+bool bf16_dot_gemm() { return false; }
+void bf16_dot_rows(const GemmArgs&, const uint16_t*, int64_t, int64_t, int64_t) {
+  DI_FAIL("bf16_dot_rows: no BF16 dot kernel on this build");
+}
+void run_decode_layout_multi(std::span<const GemmArgs> problems) {
+  DI_CHECK(problems.empty(), "run_decode_layout_multi: no decode layout kernel on this build");
+}
 bool cpu_has_bf16_dot() { return false; }
 bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*, bool) { return false; }
 bool invariant_pairs_swapped(const GemmArgs&) { return false; }
