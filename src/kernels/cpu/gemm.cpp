@@ -425,20 +425,15 @@ void LargeM(const GemmArgs& g) {
   });
 }
 
-// Batch-invariant mode, M > kSmallM: the decode layout kernel over chunks of kSmallM rows. Each
-// row gets the bytes the prefill kernel would give it (invariant_pairs_swapped: the two agree bit
-// for bit), but the weights go through BF16 dot products, about twice the fp32 FMA rate here,
-// instead of being unpacked into f32 panels for FMA: faster at every M measured
-// (docs/performance.md §8). False, doing nothing, where the decode layout kernel does not take the
-// shape.
+// Batch-invariant mode, M > kSmallM: the decode layout kernel over chunks of kSmallM rows, panel
+// by panel (the chunks share each panel's weights in L2). Each row gets the bytes the prefill
+// kernel would give it (invariant_pairs_swapped: the two agree bit for bit), but the weights go
+// through BF16 dot products, about twice the fp32 FMA rate here, instead of being unpacked into f32
+// panels for FMA: faster at every M measured (docs/performance.md §8). False, doing nothing, where
+// the decode layout kernel does not take the shape.
 bool ChunkedDecodeLayout(const GemmArgs& g) {
-  if (g.bf16_inputs || g.m <= kSmallM || !small_m_invariant()) return false;
-  for (int64_t r = 0; r < g.m; r += kSmallM) {
-    if (!gemm_fp8_small_m_vbmi(fp8_row_slice(g, r, std::min<int64_t>(kSmallM, g.m - r)))) {
-      DI_CHECK(r == 0, "decode layout kernel refused chunk {} of a shape it took", r);
-      return false;
-    }
-  }
+  if (g.bf16_inputs || g.m <= kSmallM || !takes_decode_layout_chunked(g)) return false;
+  run_decode_layout_multi(std::span<const GemmArgs>(&g, 1));
   return true;
 }
 
@@ -500,20 +495,17 @@ void gemm_fp8(const GemmFp8Params& p) {
 
 void gemm_fp8_multi(std::span<const GemmFp8Params> problems) {
   // What Gemm would give each problem: the decode layout kernel for M <= kSmallM (and, batch
-  // invariant, for each kSmallM-row chunk of a larger M, as ChunkedDecodeLayout splits it), all of
-  // those in one dispatch; anything else one call at a time.
+  // invariant, a larger M in kSmallM-row chunks, as ChunkedDecodeLayout), all of those in one
+  // dispatch; anything else one call at a time.
   std::vector<GemmArgs> layout;
   for (const GemmFp8Params& p : problems) {
     const GemmArgs g{p.a, p.a_scales, p.w, p.w_scales, p.out,     p.out_f32,
                      p.m, p.n,        p.k, false,      p.w_decode};
     if (g.m == 0 || g.n == 0) continue;
-    const bool chunked = g.m > kSmallM && small_m_invariant();
-    if (takes_decode_layout(chunked ? fp8_row_slice(g, 0, kSmallM) : g)) {
-      for (int64_t r = 0; r < g.m; r += kSmallM)
-        layout.push_back(fp8_row_slice(g, r, std::min<int64_t>(kSmallM, g.m - r)));
-      continue;
-    }
-    run(g);
+    if (takes_decode_layout_chunked(g))
+      layout.push_back(g);
+    else
+      run(g);
   }
   run_decode_layout_multi(layout);
 }

@@ -40,8 +40,11 @@ inline GemmArgs fp8_row_slice(const GemmArgs& g, int64_t r, int64_t rows) {
 bool gemm_fp8_small_m_vbmi(const GemmArgs& g);
 // Whether gemm_fp8_small_m_vbmi runs g on the decode layout kernel.
 bool takes_decode_layout(const GemmArgs& g);
-// Problems that each take the decode layout kernel, in one pool dispatch over all their panels;
-// every problem gets the bytes it gets alone.
+// Whether g runs on the decode layout kernel: M <= kSmallM as takes_decode_layout says, larger M
+// in the batch-invariant mode in kSmallM-row chunks (each row gets the prefill kernel's bytes).
+bool takes_decode_layout_chunked(const GemmArgs& g);
+// Problems that each take it (takes_decode_layout_chunked), in one pool dispatch over all their
+// panels, a larger M's row chunks panel by panel; every problem gets the bytes it gets alone.
 void run_decode_layout_multi(std::span<const GemmArgs> problems);
 // AVX512-VBMI and AVX512-BF16 (VDPBF16PS): what the decode layout needs.
 bool cpu_has_bf16_dot();

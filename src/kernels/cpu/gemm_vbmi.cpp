@@ -367,6 +367,20 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
   }
 }
 
+// Panels [p0, p1) of g for all its rows, in kSmallM-row chunks (M > kSmallM: the batch-invariant
+// mode) that take a few panels at a time, so the chunks after the first find those panels' weights
+// in L2 instead of streaming the matrix from memory once per chunk. a: g's activations [m, k].
+DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t p0, int64_t p1) {
+  const int64_t group = std::max<int64_t>(1, (int64_t(256) << 10) / int64_t(panel_bytes(g.k)));
+  for (int64_t p = p0; p < p1; p += group) {
+    const int64_t pe = std::min(p1, p + group);
+    for (int64_t r = 0; r < g.m; r += kSmallM) {
+      const GemmArgs c = fp8_row_slice(g, r, std::min(kSmallM, g.m - r));
+      with_rows(c.m, [&]<int MM>() { PanelRange<MM>(c, a + r * g.k, p, pe); });
+    }
+  }
+}
+
 // Every problem's activations as bf16 pairs, then one pool dispatch over the panels of all of them
 // (problem i owns panels [first[i], first[i + 1])).
 DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
@@ -393,8 +407,7 @@ DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
       const int64_t hi = std::min(p1, start[i + 1]);
       const GemmArgs& g = gs[i];
       const uint16_t* a = acts + at[i];
-      if (hi > p0)
-        with_rows(g.m, [&]<int MM>() { PanelRange<MM>(g, a, p0 - start[i], hi - start[i]); });
+      if (hi > p0) PanelsAllRows(g, a, p0 - start[i], hi - start[i]);
       p0 = hi;
     }
   };
@@ -507,10 +520,15 @@ bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
   return true;
 }
 
+bool takes_decode_layout_chunked(const GemmArgs& g) {
+  if (g.m <= kSmallM) return takes_decode_layout(g);
+  return small_m_invariant() && takes_decode_layout(fp8_row_slice(g, 0, kSmallM));
+}
+
 void run_decode_layout_multi(std::span<const GemmArgs> problems) {
   for (const GemmArgs& g : problems)
-    DI_CHECK(takes_decode_layout(g), "run_decode_layout_multi: m={} n={} k={} does not take it",
-             g.m, g.n, g.k);
+    DI_CHECK(takes_decode_layout_chunked(g),
+             "run_decode_layout_multi: m={} n={} k={} does not take it", g.m, g.n, g.k);
   if (!problems.empty()) RunDecodeLayout(problems);
 }
 
@@ -566,6 +584,7 @@ void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
 namespace deepinfer::kernels::cpu {
 bool gemm_fp8_small_m_vbmi(const GemmArgs&) { return false; }
 bool takes_decode_layout(const GemmArgs&) { return false; }
+bool takes_decode_layout_chunked(const GemmArgs&) { return false; }
 bool bf16_dot_gemm() { return false; }
 void bf16_dot_rows(const GemmArgs&, const uint16_t*, int64_t, int64_t, int64_t) {
   DI_FAIL("bf16_dot_rows: no BF16 dot kernel on this build");
