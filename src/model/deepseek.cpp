@@ -94,7 +94,8 @@ struct DeepseekModel::Impl {
   // Scratch (per rank; forward is not reentrant).
   Scratch<bf16> h, h_alt, xn, t0, t1, q, kv, kvrow, qabs, olat, ocat, attn, head_in, ffn_out, gbuf,
       ubuf, shared_out, gath, mhc_x, eg_v, eg_k, eg_gated, eg_win, eg_s;
-  Scratch<float> mhc_post_w, mhc_comb, eg_f32, eg_gate;
+  Scratch<float> mhc_post_w, mhc_comb, eg_f32, eg_gate, head_part, head_back;
+  Scratch<bf16> head_rows;
   Scratch<int32_t> eg_ids, eg_idx, eg_taps;
   // Engram: the table shards, and each layer's fetch of this forward.
   std::unique_ptr<EngramBuffer> engram_buf;
@@ -948,30 +949,91 @@ struct DeepseekModel::Impl {
     }
     const int64_t R = int64_t(rows.size());
     out.logits = Tensor::empty(DType::f32, {R, V});
+    k::KernelTag tag("head");
+    bf16* gn = head_in.get(R * hid);
     if (R > 0) {
-      k::KernelTag tag("head");
       bf16* g = gath.get(R * hid);
       for (int64_t i = 0; i < R; ++i)
         std::memcpy(g + i * hid, hb + rows[size_t(i)] * hid, size_t(hid) * sizeof(bf16));
-      bf16* gn = head_in.get(R * hid);
       rms_norm(g, norm, R, hid, gn);
-      if (lm.fp8()) {  // LoadOptions::fp8_head
-        fp8_e4m3* q = tq.get(R * hid);
-        float* s = ts.get(R * k::num_blocks(hid));
-        quantize(gn, R, hid, q, s);
-        k::GemmFp8Params p = fp8_gemm(lm, q, s, R, nullptr);
-        p.out_f32 = out.logits.data<float>();
-        k::gemm_fp8(p);  // [R, V] f32 logits
-      } else {
-        k::GemmBf16Params gp;
-        gp.a = gn;
-        gp.w = lm.w_bf16;
-        gp.out_f32 = out.logits.data<float>();
-        gp.m = R;
-        gp.n = V;
-        gp.k = hid;
-        k::gemm_bf16(gp);  // [R, V] f32 logits
-      }
+    }
+    head_logits(gn, R, lm, out.logits.data<float>());
+  }
+
+  // out [T, v1 - v0] f32 = the LM head's columns [v0, v1) for rows x [T, hidden] (v0 % 128 == 0).
+  void head_columns(const bf16* x, int64_t T, const Linear& lm, int64_t v0, int64_t v1,
+                    float* out) {
+    const int64_t hid = cfg.hidden_size;
+    if (T == 0 || v1 <= v0) return;
+    if (lm.fp8()) {  // LoadOptions::fp8_head
+      fp8_e4m3* q = tq.get(T * hid);
+      float* s = ts.get(T * k::num_blocks(hid));
+      quantize(x, T, hid, q, s);
+      k::GemmFp8Params p = fp8_gemm(lm, q, s, T, nullptr);
+      p.w = lm.w_fp8 + v0 * hid;
+      p.w_scales = lm.w_scale + (v0 / 128) * k::num_blocks(hid);
+      if (lm.w_decode) p.w_decode = lm.w_decode + k::decode_layout_bytes(v0, hid);  // whole panels
+      p.n = v1 - v0;
+      p.out_f32 = out;
+      k::gemm_fp8(p);
+    } else {
+      k::GemmBf16Params gp;
+      gp.a = x;
+      gp.w = lm.w_bf16 + v0 * hid;
+      gp.out_f32 = out;
+      gp.m = T;
+      gp.n = v1 - v0;
+      gp.k = hid;
+      k::gemm_bf16(gp);
+    }
+  }
+
+  // logits [R, V] for this rank's normed rows x [R, hidden]. With several ranks the vocabulary is
+  // split among them in slices of whole 128-column blocks: every rank computes its slice for every
+  // rank's rows (all_gather_v of the rows) and the slices go back to their rows' ranks
+  // (all_to_all_v), so a lone decoding sequence's head is read by every rank's threads, not by its
+  // own rank's alone (docs/performance.md §8). Every rank joins, with R = 0 too. A logit is the
+  // same sum on any rank: the GEMMs' row order depends on K only (docs/numerics.md §10).
+  void head_logits(const bf16* x, int64_t R, const Linear& lm, float* logits) {
+    const int64_t hid = cfg.hidden_size, V = cfg.vocab_size, W = group.size();
+    if (W == 1) return head_columns(x, R, lm, 0, V, logits);
+    std::vector<int64_t> rows(static_cast<size_t>(W));
+    {
+      k::KernelTag tag("head.gather", k::ScopeKind::collective);
+      group.all_gather(&R, rows.data(), 1, DType::i64);
+    }
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    if (total == 0) return;
+    const int64_t per = (k::num_blocks(V) + W - 1) / W;
+    auto slice = [&](int64_t q) {
+      return std::pair{std::min(V, q * per * 128), std::min(V, (q + 1) * per * 128)};
+    };
+    bf16* all = head_rows.get(total * hid);
+    std::vector<size_t> counts(static_cast<size_t>(W)), back(static_cast<size_t>(W));
+    for (int64_t q = 0; q < W; ++q) counts[size_t(q)] = size_t(rows[size_t(q)] * hid);
+    {
+      k::KernelTag tag("head.gather", k::ScopeKind::collective);
+      group.all_gather_v(x, size_t(R * hid), all, counts, DType::bf16);
+    }
+    const auto [v0, v1] = slice(group.rank());
+    float* part = head_part.get(total * (v1 - v0));  // [total, v1 - v0], rows in rank order
+    head_columns(all, total, lm, v0, v1, part);
+    for (int64_t q = 0; q < W; ++q) {
+      const auto [q0, q1] = slice(q);
+      counts[size_t(q)] = size_t(rows[size_t(q)] * (v1 - v0));
+      back[size_t(q)] = size_t(R * (q1 - q0));
+    }
+    float* got = head_back.get(R * V);  // from rank q: [R, its slice]
+    {
+      k::KernelTag tag("head.exchange", k::ScopeKind::collective);
+      group.all_to_all_v(part, counts, got, back, DType::f32);
+    }
+    for (int64_t q = 0, at = 0; q < W; ++q) {
+      const auto [q0, q1] = slice(q);
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(logits + r * V + q0, got + at + r * (q1 - q0), size_t(q1 - q0) * sizeof(float));
+      at += R * (q1 - q0);
     }
   }
 
