@@ -243,19 +243,20 @@ DI_BF16_TARGET void Bf16DotRange(const GemmArgs& g, const uint16_t* a, int64_t l
   for (; j < j1; ++j) Bf16DotTile<MM, 1>(g, a, lda, j);
 }
 
-// ---- decode layout
-// ------------------------------------------------------------------------------- Panel = 32 output
-// columns (two groups of 16), all of K. In a panel, group g's chunk c (64 bytes) holds K [4c, 4c+4)
-// of its 16 columns: byte 16·(i/4) + 2·(i%4) + e is column i at K 4c + e, and 8 bytes further at K
-// 4c + 2 + e, so that decode_bf16 gives lane i the K pairs (4c, 4c+1) in b0 and (4c+2, 4c+3) in b1.
-// Columns past n are zero codes. Panels are contiguous: [panel][g][chunk].
+// ---- decode layout ------------------------------------------------------------------------------
+// Panel = 32 output columns (two groups of 16), all of K. In a panel, group g's chunk c (64 bytes)
+// holds K [4c, 4c+4) of its 16 columns: byte 16·(i/4) + 2·(i%4) + e is column i at K 4c + e, and
+// 8 bytes further at K 4c + 2 + e, so that decode_bf16 gives lane i the K pairs (4c, 4c+1) in b0
+// and (4c+2, 4c+3) in b1. Columns past n are zero codes. Order: [panel][chunk][g], so a range of
+// panels is one sequential stream (with [panel][g][chunk], two streams 32 KiB apart restarted at
+// every panel, the hardware prefetcher lost ground at each start: docs/performance.md §8).
 constexpr int64_t kPanel = 32;
 inline size_t panel_bytes(int64_t k) { return size_t(kPanel * k); }
 
 void pack_panel(const uint8_t* w, int64_t n, int64_t k, int64_t panel, uint8_t* out) {
   for (int64_t g = 0; g < 2; ++g)
     for (int64_t c = 0; c < k / 4; ++c) {
-      uint8_t* o = out + size_t((g * (k / 4) + c) * 64);
+      uint8_t* o = out + size_t((2 * c + g) * 64);
       for (int64_t i = 0; i < 16; ++i) {
         const int64_t col = panel * kPanel + g * 16 + i;
         for (int64_t e = 0; e < 4; ++e) {
@@ -294,22 +295,21 @@ DI_VBMI_TARGET void ActivationsBf16(const GemmArgs& g, uint16_t* out) {
 template <int MM>
 DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p0, int64_t p1) {
   const Decoder dec;
-  const int64_t K = g.k, kbs = K / 128, chunks = K / 4;
+  const int64_t K = g.k, kbs = K / 128;
   for (int64_t panel = p0; panel < p1; ++panel) {
     alignas(64) __m512 acc[2][MM];
     for (int r = 0; r < MM; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
-    const uint8_t* w0 = g.w_decode + size_t(panel) * panel_bytes(K);
-    const uint8_t* w1 = w0 + size_t(chunks * 64);
+    const uint8_t* w0 = g.w_decode + size_t(panel) * panel_bytes(K);  // group 0; group 1 at +64
     const float* sw = g.w_scales + (panel * kPanel / 128) * kbs;  // 128 % 32 == 0: one scale row
     for (int64_t kb = 0; kb < kbs; ++kb) {
       __m512 part0[MM], part1[MM];
 #pragma GCC unroll 8
       for (int r = 0; r < MM; ++r) part0[r] = part1[r] = _mm512_setzero_ps();
       const uint32_t* ab = reinterpret_cast<const uint32_t*>(act) + kb * 64;  // 64 pairs per block
-      for (int64_t c = 0; c < 32; ++c, w0 += 64, w1 += 64) {
+      for (int64_t c = 0; c < 32; ++c, w0 += 128) {
         __m512i x0, x1, y0, y1;
         dec.decode_bf16(w0, x0, x1);
-        dec.decode_bf16(w1, y0, y1);
+        dec.decode_bf16(w0 + 64, y0, y1);
 #pragma GCC unroll 8
         for (int r = 0; r < MM; ++r) {
           const uint32_t* ar = ab + r * (K / 2) + 2 * c;
@@ -352,8 +352,8 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
   const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
   const int64_t ev = swap_pairs ? kPanel : 0, od = swap_pairs ? 0 : kPanel;  // rows of K 2i, 2i+1
   for (int64_t g = 0; g < 2; ++g) {
-    const uint8_t* p = panel + size_t(g * (k / 4) * 64) + size_t(kb * 32 * 64);
-    for (int64_t c = 0; c < 32; ++c, p += 64) {
+    const uint8_t* p = panel + size_t((kb * 32 * 2 + g) * 64);
+    for (int64_t c = 0; c < 32; ++c, p += 128) {
       __m512i b0, b1;
       dec.decode_bf16(p, b0, b1);
       float* o = out + (4 * c) * kPanel + g * 16;
