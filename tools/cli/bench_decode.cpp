@@ -247,9 +247,11 @@ int run_bench_decode(BenchDecodeCli o) {
       const double distinct =
           distinct_experts_per_step(engine.generate(recorded), kDecodePrompt, o.decode_tokens);
       if (o.profile) profile_decode(engine, reqs, fmt::format("decode batch {}", B));
-      if (!lead) continue;
       std::sort(tok_s.begin(), tok_s.end());
       const double tps = tok_s[tok_s.size() / 2], step_s = double(B) / tps;
+      double all_ranks = tps;  // every rank's median, summed: compare with EP 1 at batch B·ranks
+      rc.group.all_reduce(&all_ranks, 1, DType::f64, ReduceOp::sum);
+      if (!lead) continue;
       // With EP every rank runs B sequences: the step reads each rank's share of the experts, and
       // the shared weights once per rank; the figures here are rank 0's.
       const double bytes = wb.step_bytes(B, distinct);
@@ -262,6 +264,7 @@ int run_bench_decode(BenchDecodeCli o) {
       d.limit_value = bw_gbps;
       d.ratio = bytes / step_s / 1e9 / bw_gbps;
       d.extra = {{"tokens_per_s", tps},
+                 {"tokens_per_s_all_ranks", all_ranks},
                  {"roofline_tokens_per_s", double(B) * bw_gbps * 1e9 / bytes},
                  {"distinct_experts_per_moe_layer",
                   distinct / double(std::max<int64_t>(wb.moe_layers, 1))},
