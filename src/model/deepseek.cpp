@@ -209,13 +209,17 @@ struct DeepseekModel::Impl {
   void linears(std::initializer_list<std::pair<const Linear*, bf16*>> ls, const Act& a, int64_t T) {
     if (T == 0) return;
     gemms_.clear();
-    for (const auto& [l, out] : ls) {
-      if (l->fp8() && a.q)
-        gemms_.push_back(fp8_gemm(*l, a.q, a.scales, T, out));
-      else
-        linear(*l, a, T, out);
-    }
+    for (const auto& [l, out] : ls) queue_linear(*l, a, T, out);
     k::gemm_fp8_multi(gemms_);
+  }
+
+  // out = x·Wᵀ: an fp8 weight with the cast input at hand joins gemms_ (the caller's next
+  // gemm_fp8_multi), anything else runs now through linear().
+  void queue_linear(const Linear& l, const Act& a, int64_t T, bf16* out) {
+    if (l.fp8() && a.q)
+      gemms_.push_back(fp8_gemm(l, a.q, a.scales, T, out));
+    else
+      linear(l, a, T, out);  // bf16, or fp8 that casts x first (into tq)
   }
 
   void rms_norm(const bf16* x, const bf16* wt, int64_t T, int64_t dim, bf16* y,
@@ -297,12 +301,8 @@ struct DeepseekModel::Impl {
     gemms_.clear();
     for (const MlpJob& j : jobs) {
       if (j.rows == 0) continue;
-      for (const auto& [l, dst] : {std::pair{&j.m->gate, g}, std::pair{&j.m->up, u}}) {
-        if (l->fp8() && j.in.q)
-          gemms_.push_back(fp8_gemm(*l, j.in.q, j.in.scales, j.rows, dst + j.at));
-        else
-          linear(*l, j.in, j.rows, dst + j.at);  // bf16, or fp8 that casts x first (into tq)
-      }
+      queue_linear(j.m->gate, j.in, j.rows, g + j.at);
+      queue_linear(j.m->up, j.in, j.rows, u + j.at);
     }
     k::gemm_fp8_multi(gemms_);
     fp8_e4m3* q = tq.get(elems);
@@ -341,11 +341,10 @@ struct DeepseekModel::Impl {
     gemms_.clear();
     for (const MlpJob& j : jobs) {
       if (j.rows == 0) continue;
-      const Linear& d = j.m->down;
-      if (d.fp8())
-        gemms_.push_back(fp8_gemm(d, tq.v.data() + j.at, ts.v.data() + j.at_blocks, j.rows, j.out));
-      else
-        linear(d, Act{t1.v.data() + j.at}, j.rows, j.out);
+      // SwiGLU wrote the fp8 cast (tq/ts) where down is fp8, else bf16 rows (t1).
+      const Act in = j.m->down.fp8() ? Act{nullptr, tq.v.data() + j.at, ts.v.data() + j.at_blocks}
+                                     : Act{t1.v.data() + j.at};
+      queue_linear(j.m->down, in, j.rows, j.out);
     }
     k::gemm_fp8_multi(gemms_);
   }

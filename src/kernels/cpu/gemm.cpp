@@ -166,11 +166,13 @@ int64_t SmallMGrain(int64_t n, int64_t rows) {
 // 64 bytes more than a multiple of 64: rows K·2 = 4 KiB apart (hidden 2048) would all fall in the
 // same L1 sets, and 8 of them plus the weight rows overflow a set's ways (measured: the M = 8 LM
 // head ran 1.5× slower in place).
-int64_t PadBf16Rows(const uint16_t* a, int64_t lda, int64_t m, int64_t k,
+// row(i) is the address of row i (of m), k bf16 each.
+template <class RowAt>
+int64_t PadBf16Rows(int64_t m, int64_t k, const RowAt& row,
                     hwy::AlignedFreeUniquePtr<uint16_t[]>& buf) {
   const int64_t ld = (k + 31) / 32 * 32 + 32;
   buf = hwy::AllocateAligned<uint16_t>(size_t(std::max<int64_t>(m * ld, 1)));
-  for (int64_t r = 0; r < m; ++r) std::memcpy(buf.get() + r * ld, a + r * lda, size_t(k) * 2);
+  for (int64_t r = 0; r < m; ++r) std::memcpy(buf.get() + r * ld, row(r), size_t(k) * 2);
   return ld;
 }
 
@@ -231,7 +233,8 @@ template <bool kBf16>
 void SmallMAll(const GemmArgs& g) {
   if (kBf16 && bf16_dot_gemm()) {
     hwy::AlignedFreeUniquePtr<uint16_t[]> a;
-    const int64_t ld = PadBf16Rows(static_cast<const uint16_t*>(g.a), g.k, g.m, g.k, a);
+    const int64_t ld = PadBf16Rows(
+        g.m, g.k, [&](int64_t r) { return static_cast<const uint16_t*>(g.a) + r * g.k; }, a);
     kernel_pool().parallel_for(g.n, SmallMGrain(g.n, g.m), [&](int64_t j0, int64_t j1) {
       SmallMChunksDot(g, a.get(), ld, j0, j1);
     });
@@ -259,12 +262,10 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
   std::vector<float> af(dot ? 0 : size_t(p.batch * p.m * K + L), 0.0f);
   hwy::AlignedFreeUniquePtr<uint16_t[]> ab;  // dot: every problem's rows, padded (PadBf16Rows)
   int64_t ld = 0;
-  if (dot) {
-    std::vector<uint16_t> rows(size_t(p.batch * p.m * K));
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t r = 0; r < p.m; ++r)
-        std::memcpy(rows.data() + (b * p.m + r) * K, p.a + b * p.a_batch + r * lda, size_t(K) * 2);
-    ld = PadBf16Rows(rows.data(), K, p.batch * p.m, K, ab);
+  if (dot) {  // row i of the padded copy: problem i / m, its row i % m
+    ld = PadBf16Rows(
+        p.batch * p.m, K, [&](int64_t i) { return p.a + (i / p.m) * p.a_batch + (i % p.m) * lda; },
+        ab);
   } else {
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t r = 0; r < p.m; ++r)
@@ -432,7 +433,7 @@ void LargeM(const GemmArgs& g) {
 // panels for FMA: faster at every M measured (docs/performance.md §8). False, doing nothing, where
 // the decode layout kernel does not take the shape.
 bool ChunkedDecodeLayout(const GemmArgs& g) {
-  if (g.bf16_inputs || g.m <= kSmallM || !takes_decode_layout_chunked(g)) return false;
+  if (g.m <= kSmallM || !takes_decode_layout_chunked(g)) return false;  // (bf16: not taken)
   run_decode_layout_multi(std::span<const GemmArgs>(&g, 1));
   return true;
 }
