@@ -41,9 +41,8 @@ DEEPINFER_LOAD=bucket mpirun --oversubscribe -x DEEPINFER_LOAD -np 2 "$DEEPINFER
 # reads its own rows in both modes, and the hash is plain loading's.
 ENGRAM_MODEL=${ENGRAM_MODEL:-models/tiny-engram}
 echo "--- check e2e $ENGRAM_MODEL EP=2: DEEPINFER_LOAD=bucket gives plain loading's hash"
-# (--tol 5e-2: see scripts/stages/e2e.sh on tiny-engram's sensitivity)
-ehash=$(DEEPINFER_LOAD=mmap "$DEEPINFER" check e2e --model "$ENGRAM_MODEL" --ep 2 --tol 5e-2 |
+ehash=$(DEEPINFER_LOAD=mmap "$DEEPINFER" check e2e --model "$ENGRAM_MODEL" --ep 2 |
   sed -n 's/^logits hash: //p')
 [[ -n "$ehash" ]] || { echo "engram: no logits hash printed ($ENGRAM_MODEL)"; exit 1; }
-DEEPINFER_LOAD=bucket "$DEEPINFER" check e2e --model "$ENGRAM_MODEL" --ep 2 --tol 5e-2 --expect-hash "$ehash" |
+DEEPINFER_LOAD=bucket "$DEEPINFER" check e2e --model "$ENGRAM_MODEL" --ep 2 --expect-hash "$ehash" |
   tail -2

@@ -39,11 +39,22 @@ void EngramGateParams::validate() const {
            "engram_gate: eps ({}) and clamp ({}) must be finite and >= 0", eps, clamp);
 }
 
+float engram_rstd(double sumsq, int64_t dim, float eps) {
+  return float(1.0 / std::sqrt(sumsq / double(dim) + double(eps)));
+}
+
+// float64 from the fp32 raw and rstd, one rounding (docs/numerics.md §8.1): the gate scales a whole
+// row of the stream, so its last bit must not depend on an exp implementation.
 float engram_gate_value(float raw, float rstd_x, float rstd_k, int64_t dim, float clamp) {
-  const float dot = raw * rstd_x * rstd_k / std::sqrt(float(dim));
-  const float s = std::sqrt(std::max(std::fabs(dot), clamp));
-  const float a = dot > 0.0f ? s : (dot < 0.0f ? -s : 0.0f);  // sign(0) = 0
-  return 1.0f / (1.0f + std::exp(-a));
+  const double dot = double(raw) * rstd_x * rstd_k / std::sqrt(double(dim));
+  const double s = std::sqrt(std::max(std::fabs(dot), double(clamp)));
+  const double a = dot > 0 ? s : (dot < 0 ? -s : 0.0);  // sign(0) = 0
+  return float(1.0 / (1.0 + std::exp(-a)));
+}
+
+double engram_silu(double conv) {
+  const double c = double(float(conv));
+  return c / (1.0 + std::exp(-c));
 }
 
 void EngramConvNormParams::validate() const {

@@ -82,8 +82,12 @@ struct EngramGateParams {
   void validate() const;
 };
 
-// g from the three sums of one (token, branch); shared by the backends.
+// Shared by the backends: rstd = fp32(1/sqrt(sumsq/dim + eps)) from a float64 sum of squares, and
+// g from raw and the two rstd (float64, one rounding).
+float engram_rstd(double sumsq, int64_t dim, float eps);
 float engram_gate_value(float raw, float rstd_x, float rstd_k, int64_t dim, float clamp);
+// The short conv's SiLU: the conv sum rounded once to fp32, then SiLU in float64 from it.
+double engram_silu(double conv);
 
 // ---- engram_conv_norm
 // ----------------------------------------------------------------------------

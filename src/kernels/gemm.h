@@ -81,6 +81,10 @@ struct GemmBf16Params {
   int64_t batch = 1;
   int64_t lda = 0, ldo = 0;                         // row strides (elements); 0: k, n
   int64_t a_batch = 0, w_batch = 0, out_batch = 0;  // problem strides (elements)
+  // Every output is the exact dot rounded once to fp32 (float64 sums on every backend, as the host
+  // always does): for projections whose bf16 output feeds a rounding-sensitive stream (Engram's
+  // value and keys, docs/numerics.md §8.1). Off: the backend's fast fp32 order.
+  bool exact = false;
   int64_t row_a() const { return lda ? lda : k; }
   int64_t row_out() const { return ldo ? ldo : n; }
   // Elements spanned from the base pointer (what a recording must copy).

@@ -62,14 +62,15 @@ struct MhcHeadParams {
 };
 
 // The per-token scalar tail shared by both backends, from the raw dot products `dots`
-// [num_mixes] (R_flat · fnᵀ, before the RMS factor) and the sum of squares of R_flat:
-// writes pre [hc], post [hc], comb [hc*hc].
-void mhc_pre_coefficients(const MhcPreParams& p, const float* dots, float sumsq, float* pre,
+// [num_mixes] (R_flat · fnᵀ, before the RMS factor, each one fp32 rounding of the exact sum) and
+// the sum of squares of R_flat (float64; rounded to fp32 here): writes pre [hc], post [hc],
+// comb [hc*hc]. Sigmoids and Sinkhorn run in float64 and round once (docs/numerics.md §8.1).
+void mhc_pre_coefficients(const MhcPreParams& p, const float* dots, double sumsq, float* pre,
                           float* post, float* comb);
 // mhc_head's weights h [hc] from its dots [hc].
-void mhc_head_coefficients(const MhcHeadParams& p, const float* dots, float sumsq, float* h);
-// In place on c [n*n] (row-major [m][j]).
-void mhc_sinkhorn(float* c, int64_t n, int64_t repeat, float eps);
+void mhc_head_coefficients(const MhcHeadParams& p, const float* dots, double sumsq, float* h);
+// In place on c [n*n] (row-major [m][j]), float64.
+void mhc_sinkhorn(double* c, int64_t n, int64_t repeat, double eps);
 
 void mhc_pre(const MhcPreParams& p);
 void mhc_post(const MhcPostParams& p);

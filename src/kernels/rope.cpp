@@ -66,10 +66,9 @@ std::vector<float> rope_inv_freq(const RopeConfig& cfg) {
   const int64_t half = cfg.rope_dim / 2;
   std::vector<float> f(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
-    // torch: base ** (arange(0, d, 2, f32) / d) in fp32, then 1 / that.
-    const float expo = float(2 * i) / float(cfg.rope_dim);
-    const float pw = float(std::pow(cfg.theta, double(expo)));
-    f[size_t(i)] = 1.0f / pw;
+    // θ^(−2i/d) in float64, rounded once (docs/numerics.md §5; the official fp32
+    // 1 / base^(2i/d) rounds twice and lands an ulp away on a quarter of the frequencies).
+    f[size_t(i)] = float(std::pow(double(cfg.theta), -double(2 * i) / double(cfg.rope_dim)));
   }
   if (cfg.yarn && cfg.scaling.factor > 1.0f) {
     const YarnRange r = yarn_correction_range(cfg);

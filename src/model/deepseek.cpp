@@ -881,7 +881,8 @@ struct DeepseekModel::Impl {
     residual_add(gated, sc, s.cur, T * C);  // R_i = bf16(gated_i + s_i)
   }
 
-  // out [T, n] = bf16(x·Wᵀ + b): BF16 GEMM into f32 (scratch f), then the bias, one rounding.
+  // out [T, n] = bf16(x·Wᵀ + b): exact BF16 GEMM into f32 (scratch f), then the bias, one
+  // rounding; exact because these rows feed the rounding-sensitive stream (docs/numerics.md §8.1).
   void project(const bf16* x, const bf16* wt, const bf16* bias, int64_t T, int64_t n, int64_t kdim,
                float* f, bf16* out) {
     k::GemmBf16Params gp;
@@ -891,6 +892,7 @@ struct DeepseekModel::Impl {
     gp.m = T;
     gp.n = n;
     gp.k = kdim;
+    gp.exact = true;
     k::gemm_bf16(gp);
     k::BiasAddParams bp;
     bp.x = f;

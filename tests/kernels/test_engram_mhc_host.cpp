@@ -213,17 +213,18 @@ TEST(EngramGate, HandWorked) {
 }
 
 TEST(Mhc, SinkhornIsDoublyStochastic) {
-  std::vector<float> c = random_f32(16, 5, -3.0f, 3.0f);
-  mhc_sinkhorn(c.data(), 4, 10, 1e-6f);
+  const std::vector<float> c32 = random_f32(16, 5, -3.0f, 3.0f);
+  std::vector<double> c(c32.begin(), c32.end());
+  mhc_sinkhorn(c.data(), 4, 10, 1e-6);
   for (int i = 0; i < 4; ++i) {
-    float rs = 0, cs = 0;
+    double rs = 0, cs = 0;
     for (int j = 0; j < 4; ++j) rs += c[size_t(i * 4 + j)], cs += c[size_t(j * 4 + i)];
-    EXPECT_NEAR(rs, 1.0f, 2e-3f);
-    EXPECT_NEAR(cs, 1.0f, 1e-5f);  // the last step normalises columns
+    EXPECT_NEAR(rs, 1.0, 2e-3);
+    EXPECT_NEAR(cs, 1.0, 1e-5);  // the last step normalises columns
   }
-  std::vector<float> one(16, 0.0f);  // equal logits: softmax 1/4, stays 1/4 up to eps
-  mhc_sinkhorn(one.data(), 4, 10, 1e-6f);
-  for (float v : one) EXPECT_NEAR(v, 0.25f, 1e-5f);
+  std::vector<double> one(16, 0.0);  // equal logits: softmax 1/4, stays 1/4 up to eps
+  mhc_sinkhorn(one.data(), 4, 10, 1e-6);
+  for (double v : one) EXPECT_NEAR(v, 0.25, 1e-5);
 }
 
 TEST(Mhc, ZeroMixesGiveSigmoidOfBase) {
@@ -248,8 +249,8 @@ TEST(Mhc, ZeroMixesGiveSigmoidOfBase) {
              .num_tokens = n,
              .hc = hc,
              .dim = d});
-    std::vector<float> c(base.begin() + 8, base.end());
-    mhc_sinkhorn(c.data(), 4, 10, 1e-6f);
+    std::vector<double> c(base.begin() + 8, base.end());
+    mhc_sinkhorn(c.data(), 4, 10, double(1e-6f));
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t m = 0; m < hc; ++m) {
         const float sp = 1.0f / (1.0f + std::exp(-base[size_t(m)]));
@@ -257,7 +258,7 @@ TEST(Mhc, ZeroMixesGiveSigmoidOfBase) {
         EXPECT_NEAR(post[size_t(t * hc + m)], 2.0f / (1.0f + std::exp(-base[size_t(hc + m)])),
                     1e-6f);
       }
-      for (int64_t i = 0; i < 16; ++i) EXPECT_NEAR(comb[size_t(t * 16 + i)], c[size_t(i)], 1e-6f);
+      for (int64_t i = 0; i < 16; ++i) EXPECT_EQ(comb[size_t(t * 16 + i)], float(c[size_t(i)]));
       for (int64_t dd = 0; dd < d; ++dd) {
         double s = 0;
         for (int64_t m = 0; m < hc; ++m)

@@ -220,6 +220,16 @@ def engram_hash_params(ecfg, vocab_compressed):
 
 # ---- mHC (NUMERICS.md "mHC"); these run on autograd tensors too (train_tiny.py) ----
 
+def f32(v):
+    """A Python float rounded to the fp32 value the engine holds (eps, multipliers), as a float."""
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
+def sigmoid64(a):
+    """fp32 sigmoid of fp32 a, computed in float64 and rounded once."""
+    return torch.sigmoid(a.double()).float()
+
+
 def sinkhorn(c, repeat, eps):
     """c [..., n, n] -> near doubly stochastic: softmax over the last dim (j) + eps, columns divided
     by (column sum + eps), then repeat-1 times rows, then columns, divided by (sum + eps)."""
@@ -233,11 +243,14 @@ def sinkhorn(c, repeat, eps):
 
 def mhc_coefficients(mixes, scale, base, hc, eps, post_mult, repeat):
     """mixes [..., hc(hc+2)] -> pre [..., hc], post [..., hc], comb [..., hc, hc] (comb[m, j]: the
-    weight of old branch m in new branch j)."""
-    pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + eps
-    post = torch.sigmoid(mixes[..., hc: 2 * hc] * scale[1] + base[hc: 2 * hc]) * post_mult
-    comb = mixes[..., 2 * hc:] * scale[2] + base[2 * hc:]
-    comb = sinkhorn(comb.reshape(comb.shape[:-1] + (hc, hc)), repeat, eps)
+    weight of old branch m in new branch j). The arguments of the sigmoids and of Sinkhorn are fp32;
+    the sigmoids, post's multiply and the whole of Sinkhorn run in float64 and round once to fp32
+    (NUMERICS.md "mHC"), so an engine matches them bit for bit whatever its exp."""
+    eps32, mult32 = f32(eps), f32(post_mult)
+    pre = sigmoid64(mixes[..., :hc] * scale[0] + base[:hc]) + eps32
+    post = (torch.sigmoid((mixes[..., hc: 2 * hc] * scale[1] + base[hc: 2 * hc]).double()) * mult32).float()
+    comb = (mixes[..., 2 * hc:] * scale[2] + base[2 * hc:]).double()
+    comb = sinkhorn(comb.reshape(comb.shape[:-1] + (hc, hc)), repeat, eps32).float()
     return pre, post, comb
 
 
@@ -305,16 +318,20 @@ def softmax_scale(cfg):
 
 def apply_rope(x, positions, inv_freq, attn_factor):
     """x [T, ..., d] bf16 values; interleaved pairs (x[2i], x[2i+1]) rotated by phi = p*f_i (fp32
-    multiply, fp32 cos/sin), rotation in fp32, rounded once to bf16."""
+    multiply; cos/sin of the fp32 phi in float64, rounded once to fp32, so they do not depend on a
+    libm's fp32 cos: torch's differs from the rounded value on ~8% of the angles), rotation in float64
+    (the bf16 x fp32 products are exact there), rounded once to bf16."""
     t, d = x.shape[0], x.shape[-1]
     ang = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, d/2] fp32
-    cos, sin = torch.cos(ang) * attn_factor, torch.sin(ang) * attn_factor
+    cos = torch.cos(ang.double()).float() * attn_factor
+    sin = torch.sin(ang.double()).float() * attn_factor
     shape = [t] + [1] * (x.dim() - 2) + [d // 2]
     cos, sin = cos.reshape(shape), sin.reshape(shape)
     xe, xo = x[..., 0::2], x[..., 1::2]
     out = torch.empty_like(x)
-    out[..., 0::2] = xe * cos - xo * sin
-    out[..., 1::2] = xe * sin + xo * cos
+    xe, xo, cos, sin = xe.double(), xo.double(), cos.double(), sin.double()
+    out[..., 0::2] = bf16(xe * cos - xo * sin)
+    out[..., 1::2] = bf16(xe * sin + xo * cos)
     return bf16(out)
 
 
@@ -496,13 +513,15 @@ class Model:
         w_uk, w_uv = wkv_b[:, :dn, :], wkv_b[:, dn:, :]  # [H, dn, r], [H, dv, r]
         # q~_h = W_UK,h^T q_nope_h: [T, H, r], fp32 accumulation (float64 here), rounded to bf16
         q_lat = bf16(torch.einsum("thd,hdr->thr", q_nope.double(), w_uk.double()))
-        # scores [H, T, T]: one fp32 dot over the latent and the rope channels, then * scale
+        # scores [H, T, T]: one exact dot over the latent and the rope channels times the fp32 scale,
+        # and the softmax, in float64 (not rounded: NUMERICS.md "Attention"); the fp32 softmax of
+        # FlashMLA differs from it by fp32 rounding only
         s_lat = torch.einsum("thr,sr->hts", q_lat.double(), c_n.double())
         s_pe = torch.einsum("thd,sd->hts", q_pe.double(), k_pe.double())
-        scores = (s_lat + s_pe).to(torch.float32) * self.scale
+        scores = (s_lat + s_pe) * f32(self.scale)
         mask = torch.ones(t_len, t_len, dtype=torch.bool).triu(1)  # key t visible iff t <= p
         scores = scores.masked_fill(mask[None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)  # fp32
+        probs = torch.softmax(scores, dim=-1)  # float64
         o_lat = bf16(torch.einsum("hts,sr->thr", probs.double(), c_n.double()))  # [T, H, r]
         o = bf16(torch.einsum("thr,hvr->thv", o_lat.double(), w_uv.double()))  # [T, H, dv]
         return o.reshape(t_len, nh * dv)
@@ -532,13 +551,11 @@ class Model:
         masked = biased.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
         order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
         idx = order[:, : c.num_experts_per_tok]  # slot order: biased score descending, ties -> lower id
-        w = torch.gather(scores, 1, idx)
+        # weights in float64 from the fp32 scores, one rounding (NUMERICS.md "Router")
+        w = torch.gather(scores, 1, idx).double()
         if c.norm_topk_prob:
-            denom = torch.zeros(t_len, dtype=torch.float32)
-            for k in range(idx.shape[1]):
-                denom = denom + w[:, k]
-            w = w / denom[:, None]
-        w = w * torch.tensor(c.routed_scaling_factor, dtype=torch.float32)
+            w = w / w.sum(dim=-1, keepdim=True)
+        w = (w * f32(c.routed_scaling_factor)).float()
         margin = router_margin(biased, group_scores, keep, idx, c.topk_group)
         return idx, w, margin
 
@@ -581,14 +598,14 @@ class Model:
 
     # -- mHC (hc_mult > 1) --
     def _mixes(self, r, prefix):
-        """r [T, hc, d] bf16 -> mixes [T, M] fp32 = fp32(R_flat . fn^T) * rsqrt(fp32(sum R_flat^2) / (hc d) + eps)."""
+        """r [T, hc, d] bf16 -> mixes [T, M] fp32 = fp32(R_flat . fn^T) * rstd, rstd = 1/sqrt(fp32(sum R_flat^2) / (hc d)
+        + eps) in float64, rounded once to fp32."""
         c = self.cfg
         flat = r.reshape(r.shape[0], -1)
         dots = dot_f32(flat, self.vec(prefix + ".fn"))
         sumsq = (flat.double() ** 2).sum(-1).to(torch.float32)
-        n = torch.tensor(flat.shape[1], dtype=torch.float32)
-        eps = torch.tensor(c.hc_eps, dtype=torch.float32)
-        return dots * torch.rsqrt(sumsq / n + eps)[:, None]
+        rstd = (1.0 / torch.sqrt(sumsq.double() / flat.shape[1] + f32(c.hc_eps))).float()
+        return dots * rstd[:, None]
 
     def mhc_pre(self, r, prefix):
         """-> x [T, d] bf16 (the sub-layer input), post [T, hc], comb [T, hc, hc] fp32."""
@@ -609,7 +626,7 @@ class Model:
     def mhc_head(self, r):
         """out = bf16(sum_m (sigmoid(mix_m s + b_m) + eps) R_m) -> [T, d]."""
         p = "model.hc_head"
-        w = torch.sigmoid(self._mixes(r, p) * self.vec(p + ".scale")[0] + self.vec(p + ".base")) + self.cfg.hc_eps
+        w = sigmoid64(self._mixes(r, p) * self.vec(p + ".scale")[0] + self.vec(p + ".base")) + f32(self.cfg.hc_eps)
         return weighted_branch_sum(w, r)
 
     def hc_layer(self, i, r, positions, trace):
@@ -643,20 +660,19 @@ class Model:
         rows = self.engram_rows(layer, ids)  # [T, H]
         emb = self.vec(p + "embedding.weight")[rows].reshape(t_len, e.embed_dim)  # exact bf16 rows
         v = bf16(dot_f32(emb, self.vec(p + "value_proj.weight")) + self.vec(p + "value_proj.bias"))
-        sqrt_d = torch.tensor(math.sqrt(d), dtype=torch.float32)
-        eps = torch.tensor(c.rms_norm_eps, dtype=torch.float32)
-        clamp = torch.tensor(1e-6, dtype=torch.float32)
+        eps, clamp = f32(c.rms_norm_eps), f32(1e-6)
         w_conv = self.vec(p + "short_conv.conv.weight").double()  # [hc d, 1, K]
         out = []
         for i in range(hc):
             k = bf16(dot_f32(emb, self.vec(f"{p}key_projs.{i}.weight")) + self.vec(f"{p}key_projs.{i}.bias"))
             x = r[:, i]
             w = self.vec(f"{p}norm1.{i}.weight") * self.vec(f"{p}norm2.{i}.weight")  # exact in fp32
+            # raw and the two rstd are fp32 (one rounding each); the gate runs in float64 from them.
             raw = (x.double() * k.double() * w.double()).sum(-1).to(torch.float32)
-            rstd_x = torch.rsqrt((x.double() ** 2).mean(-1).to(torch.float32) + eps)
-            rstd_k = torch.rsqrt((k.double() ** 2).mean(-1).to(torch.float32) + eps)
-            dot = raw * rstd_x * rstd_k / sqrt_d
-            g = torch.sigmoid(torch.sign(dot) * torch.sqrt(torch.maximum(dot.abs(), clamp)))
+            rstd_x = (1.0 / torch.sqrt((x.double() ** 2).mean(-1) + eps)).float()
+            rstd_k = (1.0 / torch.sqrt((k.double() ** 2).mean(-1) + eps)).float()
+            dot = raw.double() * rstd_x.double() * rstd_k.double() / math.sqrt(d)
+            g = sigmoid64(torch.sign(dot) * torch.sqrt(torch.clamp(dot.abs(), min=clamp)))
             gv = g[:, None] * v  # fp32
             gated = bf16(x + gv)
             n = rms_norm(bf16(gv), self.vec(f"{p}short_conv.norms.{i}.weight"), 1e-5)

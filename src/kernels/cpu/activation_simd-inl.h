@@ -46,6 +46,23 @@ HWY_INLINE void store_bf16(DF df, hn::Vec<DF> v, bf16* p) {
 }
 
 // v rounded to bf16 precision (RNE, as round_bf16), kept as f32.
+// Lanes(dd) bf16 / fp32 values widened exactly to f64, and f64 values rounded to fp32 and then
+// to bf16 (the reference's bf16() of a float64 value): the float64 paths of the Engram and mHC
+// kernels (docs/numerics.md §8.1).
+template <class DD>
+HWY_INLINE hn::Vec<DD> load_bf16_f64(DD dd, const bf16* p) {
+  return hn::PromoteTo(dd, load_bf16(hn::Rebind<float, DD>(), p));
+}
+template <class DD>
+HWY_INLINE hn::Vec<DD> load_f32_f64(DD dd, const float* p) {
+  return hn::PromoteTo(dd, hn::LoadU(hn::Rebind<float, DD>(), p));
+}
+template <class DD>
+HWY_INLINE void store_f64_bf16(DD dd, hn::Vec<DD> v, bf16* p) {
+  const hn::Rebind<float, DD> df;
+  store_bf16(df, hn::DemoteTo(df, v), p);
+}
+
 template <class DF>
 HWY_INLINE hn::Vec<DF> round_bf16_vec(DF df, hn::Vec<DF> v) {
   const hn::RebindToUnsigned<DF> du32;

@@ -1,6 +1,6 @@
 // cpu: Engram hash (Lemire's fastmod with a precomputed 128-bit reciprocal per head instead of a
-// division) and gate (Highway SIMD sums in a fixed lane order per row: batch-invariant). Tokens
-// over kernel_pool().
+// division), gate, conv norm and short conv (Highway SIMD, float64 where the reference rounds once:
+// docs/numerics.md §8.1; one order per row: batch-invariant). Tokens over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/engram.cpp"
 // clang-format off
@@ -19,101 +19,107 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Rows (token, branch) [r0, r1) of the gate.
+// Rows (token, branch) [r0, r1) of the gate. The three sums in float64 (the products are exact
+// there), the gate from the shared float64 formula, the gated row in fp32 without FMA: the
+// reference's roundings (docs/numerics.md §8.1).
 void engram_gate_rows(const EngramGateParams& p, int64_t r0, int64_t r1) {
   const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df)), D = p.dim;
+  const hn::ScalableTag<double> dd;
+  const int64_t N = int64_t(hn::Lanes(df)), ND = int64_t(hn::Lanes(dd)), D = p.dim;
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t t = row / p.hc, i = row % p.hc;
     const bf16 *x = p.x + row * D, *k = p.k + row * D, *v = p.v + t * D;
     const float* w = p.w_fused + i * D;
-    auto vr = hn::Zero(df), vx = hn::Zero(df), vk = hn::Zero(df);
+    auto vr = hn::Zero(dd), vx = hn::Zero(dd), vk = hn::Zero(dd);
     int64_t d = 0;
-    for (; d + N <= D; d += N) {
-      const auto a = load_bf16(df, x + d), b = load_bf16(df, k + d);
-      vr = hn::MulAdd(hn::Mul(a, hn::LoadU(df, w + d)), b, vr);
+    for (; d + ND <= D; d += ND) {
+      const auto a = load_bf16_f64(dd, x + d), b = load_bf16_f64(dd, k + d);
+      vr = hn::MulAdd(hn::Mul(a, load_f32_f64(dd, w + d)), b, vr);
       vx = hn::MulAdd(a, a, vx);
       vk = hn::MulAdd(b, b, vk);
     }
-    float raw = hn::GetLane(hn::SumOfLanes(df, vr)), sx = hn::GetLane(hn::SumOfLanes(df, vx)),
-          sk = hn::GetLane(hn::SumOfLanes(df, vk));
+    double raw = hn::GetLane(hn::SumOfLanes(dd, vr)), sx = hn::GetLane(hn::SumOfLanes(dd, vx)),
+           sk = hn::GetLane(hn::SumOfLanes(dd, vk));
     for (; d < D; ++d) {
-      const float a = bf16_to_f32(x[d]), b = bf16_to_f32(k[d]);
+      const double a = bf16_to_f32(x[d]), b = bf16_to_f32(k[d]);
       raw += a * w[d] * b;
       sx += a * a;
       sk += b * b;
     }
-    const float rx = 1.0f / std::sqrt(sx / float(D) + p.eps);
-    const float rk = 1.0f / std::sqrt(sk / float(D) + p.eps);
-    const float g = engram_gate_value(raw, rx, rk, D, p.clamp);
+    const float rx = engram_rstd(sx, D, p.eps), rk = engram_rstd(sk, D, p.eps);
+    const float g = engram_gate_value(float(raw), rx, rk, D, p.clamp);
     const auto vg = hn::Set(df, g);
     bf16* out = p.out + row * D;
     d = 0;
     for (; d + N <= D; d += N)
-      store_bf16(df, hn::MulAdd(vg, load_bf16(df, v + d), load_bf16(df, x + d)), out + d);
-    for (; d < D; ++d) out[d] = f32_to_bf16(std::fma(g, bf16_to_f32(v[d]), bf16_to_f32(x[d])));
-    if (p.raw) p.raw[row] = raw;
+      store_bf16(df, hn::Add(load_bf16(df, x + d), hn::Mul(vg, load_bf16(df, v + d))), out + d);
+    for (; d < D; ++d) out[d] = f32_to_bf16(bf16_to_f32(x[d]) + g * bf16_to_f32(v[d]));
+    if (p.raw) p.raw[row] = float(raw);
     if (p.gate) p.gate[row] = g;
     if (p.rstd_x) p.rstd_x[row] = rx;
     if (p.rstd_k) p.rstd_k[row] = rk;
   }
 }
 
-// Rows (token, branch) [r0, r1) of the conv norm. u: scratch of d floats.
+// Rows (token, branch) [r0, r1) of the conv norm: u = bf16(g·v) in fp32, then the RMSNorm in
+// float64 with one rounding, as every RMSNorm of the reference. u: scratch of d floats.
 void engram_conv_norm_rows(const EngramConvNormParams& p, int64_t r0, int64_t r1, float* u) {
   const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df)), D = p.dim;
+  const hn::ScalableTag<double> dd;
+  const int64_t N = int64_t(hn::Lanes(df)), ND = int64_t(hn::Lanes(dd)), D = p.dim;
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t t = row / p.hc, i = row % p.hc;
     const bf16* v = p.v + t * D;
     const float g = p.gate[row];
     const auto vg = hn::Set(df, g);
-    auto ss = hn::Zero(df);
     int64_t d = 0;
-    for (; d + N <= D; d += N) {
-      const auto x = round_bf16_vec(df, hn::Mul(vg, load_bf16(df, v + d)));
-      hn::StoreU(x, df, u + d);
+    for (; d + N <= D; d += N)
+      hn::StoreU(round_bf16_vec(df, hn::Mul(vg, load_bf16(df, v + d))), df, u + d);
+    for (; d < D; ++d) u[d] = round_bf16(g * bf16_to_f32(v[d]));
+    auto ss = hn::Zero(dd);
+    for (d = 0; d + ND <= D; d += ND) {
+      const auto x = load_f32_f64(dd, u + d);
       ss = hn::MulAdd(x, x, ss);
     }
-    float sum = hn::GetLane(hn::SumOfLanes(df, ss));
-    for (; d < D; ++d) {
-      u[d] = round_bf16(g * bf16_to_f32(v[d]));
-      sum += u[d] * u[d];
-    }
-    const float r = 1.0f / std::sqrt(sum / float(D) + p.eps);
-    const auto vr = hn::Set(df, r);
+    double sum = hn::GetLane(hn::SumOfLanes(dd, ss));
+    for (; d < D; ++d) sum += double(u[d]) * u[d];
+    const double r = 1.0 / std::sqrt(sum / double(D) + double(p.eps));
+    const auto vr = hn::Set(dd, r);
     const bf16* w = p.w + i * D;
     bf16* o = p.out + row * D;
-    d = 0;
-    for (; d + N <= D; d += N)
-      store_bf16(df, hn::Mul(hn::Mul(hn::LoadU(df, u + d), vr), load_bf16(df, w + d)), o + d);
-    for (; d < D; ++d) o[d] = f32_to_bf16(u[d] * r * bf16_to_f32(w[d]));
+    for (d = 0; d + ND <= D; d += ND)
+      store_f64_bf16(dd, hn::Mul(hn::Mul(load_f32_f64(dd, u + d), vr), load_bf16_f64(dd, w + d)),
+                     o + d);
+    for (; d < D; ++d) o[d] = f32_to_bf16(float(double(u[d]) * r * double(bf16_to_f32(w[d]))));
   }
 }
 
-// Tokens [t0, t1) of the short conv: channels in lanes, taps in order. wt: the weight transposed
-// to [K, C] floats.
+// Tokens [t0, t1) of the short conv: channels in lanes, taps in order. The conv in float64 (its
+// bf16 × bf16 products and their sum are exact), rounded once to fp32; SiLU in float64 from that
+// fp32 value. wt: the weight transposed to [K, C] floats.
 void engram_short_conv_rows(const EngramShortConvParams& p, const float* wt, int64_t t0,
                             int64_t t1) {
-  const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df)), C = p.channels, K = p.kernel_size;
+  const hn::ScalableTag<double> dd;
+  const int64_t N = int64_t(hn::Lanes(dd)), C = p.channels, K = p.kernel_size;
+  const auto one = hn::Set(dd, 1.0);
   for (int64_t t = t0; t < t1; ++t) {
     const int32_t* taps = p.taps + t * K;
     bf16* o = p.out + t * C;
     int64_t c = 0;
     for (; c + N <= C; c += N) {
-      auto acc = hn::Zero(df);
+      auto acc = hn::Zero(dd);
       for (int64_t j = 0; j < K; ++j)
         if (taps[j] >= 0)
-          acc =
-              hn::MulAdd(hn::LoadU(df, wt + j * C + c), load_bf16(df, p.x + taps[j] * C + c), acc);
-      store_bf16(df, hn::Div(acc, hn::Add(hn::Set(df, 1.0f), hn::Exp(df, hn::Neg(acc)))), o + c);
+          acc = hn::MulAdd(load_f32_f64(dd, wt + j * C + c),
+                           load_bf16_f64(dd, p.x + taps[j] * C + c), acc);
+      const auto conv = hn::PromoteTo(dd, hn::DemoteTo(hn::Rebind<float, decltype(dd)>(), acc));
+      store_f64_bf16(dd, hn::Div(conv, hn::Add(one, hn::Exp(dd, hn::Neg(conv)))), o + c);
     }
     for (; c < C; ++c) {
-      float acc = 0;
+      double acc = 0;
       for (int64_t j = 0; j < K; ++j)
-        if (taps[j] >= 0) acc = std::fma(wt[j * C + c], bf16_to_f32(p.x[taps[j] * C + c]), acc);
-      o[c] = f32_to_bf16(acc / (1.0f + std::exp(-acc)));
+        if (taps[j] >= 0) acc += double(wt[j * C + c]) * bf16_to_f32(p.x[taps[j] * C + c]);
+      o[c] = f32_to_bf16(float(engram_silu(acc)));
     }
   }
 }

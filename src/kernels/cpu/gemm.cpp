@@ -473,6 +473,35 @@ void Gemm(const GemmArgs& g) {
   }
 }
 
+// Columns [c0, c1) of problem b with exact sums (GemmBf16Params::exact): bf16 × bf16 products are
+// exact in float64, and a float64 sum of them stays far below one fp32 ulp from the exact dot, so
+// the output is the exact dot rounded once, as on the host. Rows one by one: batch-invariant.
+void GemmBf16Exact(const GemmBf16Params& p, int64_t b, int64_t c0, int64_t c1) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const hn::Rebind<uint32_t, decltype(dd)> du;
+  const hn::Rebind<uint16_t, decltype(dd)> d16;
+  const int64_t N = int64_t(hn::Lanes(dd)), K = p.k;
+  const auto load = [&](const bf16* q) {
+    const auto bits = hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(q)));
+    return hn::PromoteTo(dd, hn::BitCast(df, hn::ShiftLeft<16>(bits)));
+  };
+  for (int64_t r = 0; r < p.m; ++r) {
+    const bf16* a = p.a + b * p.a_batch + r * p.row_a();
+    for (int64_t c = c0; c < c1; ++c) {
+      const bf16* w = p.w + b * p.w_batch + c * K;
+      auto acc = hn::Zero(dd);
+      int64_t k = 0;
+      for (; k + N <= K; k += N) acc = hn::MulAdd(load(a + k), load(w + k), acc);
+      double s = hn::GetLane(hn::SumOfLanes(dd, acc));
+      for (; k < K; ++k) s += double(bf16_to_f32(a[k])) * double(bf16_to_f32(w[k]));
+      const int64_t o = b * p.out_batch + r * p.row_out() + c;
+      if (p.out_f32) p.out_f32[o] = float(s);
+      if (p.out) p.out[o] = f32_to_bf16(float(s));
+    }
+  }
+}
+
 }  // namespace deepinfer::kernels::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -481,6 +510,7 @@ namespace deepinfer::kernels::cpu {
 
 HWY_EXPORT(Gemm);
 HWY_EXPORT(GemmBf16Batched);
+HWY_EXPORT(GemmBf16Exact);
 
 namespace {
 void run(const GemmArgs& g) { HWY_DYNAMIC_DISPATCH(Gemm)(g); }
@@ -540,6 +570,13 @@ void gemm_fp8_grouped_masked(const GemmFp8GroupedMaskedParams& p) {
 }
 
 void gemm_bf16(const GemmBf16Params& p) {
+  if (p.exact) {
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, p.m * p.k));
+    kernel_pool().parallel_for(p.n, grain, [&](int64_t c0, int64_t c1) {
+      for (int64_t b = 0; b < p.batch; ++b) HWY_DYNAMIC_DISPATCH(GemmBf16Exact)(p, b, c0, c1);
+    });
+    return;
+  }
   if (p.batch == 1 && p.row_a() == p.k && p.row_out() == p.n) {
     run({p.a, nullptr, p.w, nullptr, p.out, p.out_f32, p.m, p.n, p.k, true});
     return;

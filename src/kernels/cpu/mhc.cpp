@@ -1,7 +1,7 @@
-// cpu: mHC pre / post / head. The mix dot products in blocks of 4 tokens × 6 fn rows (each fn
-// vector loaded once per block; the order per token and row is fixed: batch-invariant), the
-// shared scalar coefficients (kernels/mhc.h), and SIMD weighted branch sums. Tokens over
-// kernel_pool().
+// cpu: mHC pre / post / head. The mix dot products (float64) in blocks of 4 tokens × 6 fn rows
+// (each fn vector loaded once per block; the order per token and row is fixed: batch-invariant),
+// the shared scalar coefficients (kernels/mhc.h), and SIMD weighted branch sums with the
+// reference's roundings. Tokens over kernel_pool().
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/mhc.cpp"
 // clang-format off
@@ -19,47 +19,50 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The mix dots and the sum of squares are float64 (docs/numerics.md §8.1): bf16 × fp32 products
+// are exact there, so each dot is the exact sum rounded once, whatever the order; an fp32 sum
+// over hc·d terms would move the coefficients by ulps that the stream amplifies.
 // dots[t][i] = R_t · fn[i] for TB tokens and IB consecutive fn rows, over `width` elements: one
-// accumulator per (token, row), k ascending, then the lane sum, then the scalar tail. The order
-// of a (token, row) pair is the same whatever TB and IB are, so a token's result never depends
-// on the tokens blocked with it; blocking only lets each fn vector serve TB tokens.
+// float64 accumulator per (token, row), k ascending, then the lane sum, then the scalar tail,
+// rounded once to fp32. Blocking only lets each fn vector serve TB tokens; a token's result never
+// depends on the tokens blocked with it.
 template <int TB, int IB>
 void dots_block(const bf16* const* r, const float* fn, int64_t width, float* dots,
                 int64_t dots_stride) {
-  const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df));
-  hn::Vec<decltype(df)> acc[TB][IB];
+  const hn::ScalableTag<double> dd;
+  const int64_t N = int64_t(hn::Lanes(dd));
+  hn::Vec<decltype(dd)> acc[TB][IB];
   for (int t = 0; t < TB; ++t)
-    for (int i = 0; i < IB; ++i) acc[t][i] = hn::Zero(df);
+    for (int i = 0; i < IB; ++i) acc[t][i] = hn::Zero(dd);
   int64_t k = 0;
   for (; k + N <= width; k += N) {
-    hn::Vec<decltype(df)> f[IB];
-    for (int i = 0; i < IB; ++i) f[i] = hn::LoadU(df, fn + i * width + k);
+    hn::Vec<decltype(dd)> f[IB];
+    for (int i = 0; i < IB; ++i) f[i] = load_f32_f64(dd, fn + i * width + k);
     for (int t = 0; t < TB; ++t) {
-      const auto x = load_bf16(df, r[t] + k);
+      const auto x = load_bf16_f64(dd, r[t] + k);
       for (int i = 0; i < IB; ++i) acc[t][i] = hn::MulAdd(x, f[i], acc[t][i]);
     }
   }
   for (int t = 0; t < TB; ++t)
     for (int i = 0; i < IB; ++i) {
-      float v = hn::GetLane(hn::SumOfLanes(df, acc[t][i]));
-      for (int64_t kk = k; kk < width; ++kk) v += bf16_to_f32(r[t][kk]) * fn[i * width + kk];
-      dots[t * dots_stride + i] = v;
+      double v = hn::GetLane(hn::SumOfLanes(dd, acc[t][i]));
+      for (int64_t kk = k; kk < width; ++kk) v += double(bf16_to_f32(r[t][kk])) * fn[i * width + kk];
+      dots[t * dots_stride + i] = float(v);
     }
 }
 
-// Sum of squares of one residual row (one accumulator, then the tail).
-float sum_squares(const bf16* r, int64_t width) {
-  const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df));
-  auto acc = hn::Zero(df);
+// Sum of squares of one residual row, float64.
+double sum_squares(const bf16* r, int64_t width) {
+  const hn::ScalableTag<double> dd;
+  const int64_t N = int64_t(hn::Lanes(dd));
+  auto acc = hn::Zero(dd);
   int64_t k = 0;
   for (; k + N <= width; k += N) {
-    const auto x = load_bf16(df, r + k);
+    const auto x = load_bf16_f64(dd, r + k);
     acc = hn::MulAdd(x, x, acc);
   }
-  float s = hn::GetLane(hn::SumOfLanes(df, acc));
-  for (; k < width; ++k) s += bf16_to_f32(r[k]) * bf16_to_f32(r[k]);
+  double s = hn::GetLane(hn::SumOfLanes(dd, acc));
+  for (; k < width; ++k) s += double(bf16_to_f32(r[k])) * bf16_to_f32(r[k]);
   return s;
 }
 
@@ -82,7 +85,8 @@ void mix_dots(const bf16* residual, int64_t t0, int64_t nt, const float* fn, int
       dots_block<1, 1>(r + t, fn + i * width, width, dots + t * rows + i, rows);
 }
 
-// out = bf16(sum_m w[m] * R[m]), fp32 in m order.
+// out = bf16(sum_m w[m] * R[m]): fp32, m ascending, one multiply and one add per term (no FMA,
+// as the reference; this file is built with -ffp-contract=off).
 void weighted_sum(const bf16* r, const float* w, int64_t hc, int64_t dim, bf16* out) {
   const hn::ScalableTag<float> df;
   const int64_t N = int64_t(hn::Lanes(df));
@@ -90,12 +94,12 @@ void weighted_sum(const bf16* r, const float* w, int64_t hc, int64_t dim, bf16* 
   for (; d + N <= dim; d += N) {
     auto s = hn::Mul(hn::Set(df, w[0]), load_bf16(df, r + d));
     for (int64_t m = 1; m < hc; ++m)
-      s = hn::MulAdd(hn::Set(df, w[m]), load_bf16(df, r + m * dim + d), s);
+      s = hn::Add(s, hn::Mul(hn::Set(df, w[m]), load_bf16(df, r + m * dim + d)));
     store_bf16(df, s, out + d);
   }
   for (; d < dim; ++d) {
     float s = w[0] * bf16_to_f32(r[d]);
-    for (int64_t m = 1; m < hc; ++m) s = std::fma(w[m], bf16_to_f32(r[m * dim + d]), s);
+    for (int64_t m = 1; m < hc; ++m) s += w[m] * bf16_to_f32(r[m * dim + d]);
     out[d] = f32_to_bf16(s);
   }
 }
@@ -144,12 +148,12 @@ void mhc_post_rows(const MhcPostParams& p, int64_t t0, int64_t t1) {
       for (; d + N <= D; d += N) {
         auto s = hn::Mul(hn::Set(df, post[j]), load_bf16(df, y + d));
         for (int64_t m = 0; m < n; ++m)
-          s = hn::MulAdd(hn::Set(df, comb[m * n + j]), load_bf16(df, r + m * D + d), s);
+          s = hn::Add(s, hn::Mul(hn::Set(df, comb[m * n + j]), load_bf16(df, r + m * D + d)));
         store_bf16(df, s, out + d);
       }
       for (; d < D; ++d) {
         float s = post[j] * bf16_to_f32(y[d]);
-        for (int64_t m = 0; m < n; ++m) s = std::fma(comb[m * n + j], bf16_to_f32(r[m * D + d]), s);
+        for (int64_t m = 0; m < n; ++m) s += comb[m * n + j] * bf16_to_f32(r[m * D + d]);
         out[d] = f32_to_bf16(s);
       }
     }

@@ -17,41 +17,48 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Rows [t0, t1). row: scratch of H floats (the bf16-rounded y for the fused cast).
+// Rows [t0, t1). row: scratch of H floats (the bf16-rounded y for the fused cast). float64 sum of
+// squares and products, one rounding, as the host and the reference (docs/numerics.md §4): the
+// norm is a few flops per byte, so the exact form costs nothing measurable.
 void rms_norm_rows(const RmsNormParams& p, int64_t t0, int64_t t1, float* row) {
-  const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df)), H = p.hidden;
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t N = int64_t(hn::Lanes(dd)), H = p.hidden;
   for (int64_t t = t0; t < t1; ++t) {
     const bf16* x = p.x + t * p.x_stride();
-    auto s0 = hn::Zero(df), s1 = hn::Zero(df);
+    auto s0 = hn::Zero(dd), s1 = hn::Zero(dd);
     int64_t i = 0;
     for (; i + 2 * N <= H; i += 2 * N) {
-      const auto a = load_bf16(df, x + i), b = load_bf16(df, x + i + N);
+      const auto a = load_bf16_f64(dd, x + i), b = load_bf16_f64(dd, x + i + N);
       s0 = hn::MulAdd(a, a, s0);
       s1 = hn::MulAdd(b, b, s1);
     }
     for (; i + N <= H; i += N) {
-      const auto a = load_bf16(df, x + i);
+      const auto a = load_bf16_f64(dd, x + i);
       s0 = hn::MulAdd(a, a, s0);
     }
-    float ss = hn::GetLane(hn::SumOfLanes(df, hn::Add(s0, s1)));
-    for (; i < H; ++i) ss += bf16_to_f32(x[i]) * bf16_to_f32(x[i]);
-    const float r = 1.0f / std::sqrt(ss / float(H) + p.eps);
-    const auto vr = hn::Set(df, r);
+    double ss = hn::GetLane(hn::SumOfLanes(dd, hn::Add(s0, s1)));
+    for (; i < H; ++i) ss += double(bf16_to_f32(x[i])) * bf16_to_f32(x[i]);
+    const double r = 1.0 / std::sqrt(ss / double(H) + double(p.eps));
+    const auto vr = hn::Set(dd, r);
     bf16* y = p.y ? p.y + t * p.y_stride() : nullptr;
     i = 0;
     for (; i + N <= H; i += N) {
-      const auto v =
-          round_bf16_vec(df, hn::Mul(hn::Mul(load_bf16(df, x + i), vr), load_bf16(df, p.w + i)));
+      const auto v = round_bf16_vec(
+          df, hn::DemoteTo(df, hn::Mul(hn::Mul(load_bf16_f64(dd, x + i), vr),
+                                       load_bf16_f64(dd, p.w + i))));
       if (y) store_bf16(df, v, y + i);
       if (p.q) hn::StoreU(v, df, row + i);
     }
     for (; i < H; ++i) {
-      const float v = round_bf16(bf16_to_f32(x[i]) * r * bf16_to_f32(p.w[i]));
+      const float v =
+          round_bf16(float(double(bf16_to_f32(x[i])) * r * double(bf16_to_f32(p.w[i]))));
       if (y) y[i] = f32_to_bf16(v);
       row[i] = v;
     }
-    if (p.q) token_cast_row_simd(df, row, H, p.ue8m0, p.q + t * H, p.scales + t * num_blocks(H));
+    if (p.q)
+      token_cast_row_simd(hn::ScalableTag<float>(), row, H, p.ue8m0, p.q + t * H,
+                          p.scales + t * num_blocks(H));
   }
 }
 

@@ -22,8 +22,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Tokens [t0, t1). cs: scratch of 2*d floats + 2*half for the table.
 void rope_tokens(const RopeParams& p, int64_t t0, int64_t t1, float* scratch) {
-  const hn::ScalableTag<float> df;
-  const int64_t N = int64_t(hn::Lanes(df)), d = p.rope_dim, half = d / 2;
+  const hn::ScalableTag<double> dd;
+  const int64_t N = int64_t(hn::Lanes(dd)), d = p.rope_dim, half = d / 2;
   float* c = scratch;             // [half]
   float* s = scratch + half;      // [half]
   float* cdup = scratch + d;      // [d]: c0 c0 c1 c1 ...
@@ -42,17 +42,19 @@ void rope_tokens(const RopeParams& p, int64_t t0, int64_t t1, float* scratch) {
     }
     for (int64_t h = 0; h < p.num_heads; ++h) {
       bf16* v = p.x + t * p.token_stride + h * p.head_stride + p.offset;
+      // float64: bf16 × fp32 products are exact there, so each output is the exact a·c ∓ b·s
+      // rounded once (docs/numerics.md §5), as on the host and in the reference.
       int64_t i = 0;
       for (; i + N <= d; i += N) {
-        const auto x = load_bf16(df, v + i);
-        const auto y = hn::MulAdd(x, hn::LoadU(df, cdup + i),
-                                  hn::Mul(hn::Reverse2(df, x), hn::LoadU(df, sdup + i)));
-        store_bf16(df, y, v + i);
+        const auto x = load_bf16_f64(dd, v + i);
+        const auto y = hn::MulAdd(x, load_f32_f64(dd, cdup + i),
+                                  hn::Mul(hn::Reverse2(dd, x), load_f32_f64(dd, sdup + i)));
+        store_f64_bf16(dd, y, v + i);
       }
       for (; i < d; i += 2) {
-        const float a = bf16_to_f32(v[i]), b = bf16_to_f32(v[i + 1]);
-        v[i] = f32_to_bf16(a * cdup[i] + b * sdup[i]);
-        v[i + 1] = f32_to_bf16(b * cdup[i + 1] + a * sdup[i + 1]);
+        const double a = bf16_to_f32(v[i]), b = bf16_to_f32(v[i + 1]);
+        v[i] = f32_to_bf16(float(a * cdup[i] + b * sdup[i]));
+        v[i + 1] = f32_to_bf16(float(b * cdup[i + 1] + a * sdup[i + 1]));
       }
     }
   }

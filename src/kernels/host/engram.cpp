@@ -45,8 +45,7 @@ void engram_gate(const EngramGateParams& p) {
         sx += xd * xd;
         sk += kd * kd;
       }
-      const float rx = float(1.0 / std::sqrt(sx / double(D) + double(p.eps)));
-      const float rk = float(1.0 / std::sqrt(sk / double(D) + double(p.eps)));
+      const float rx = engram_rstd(sx, D, p.eps), rk = engram_rstd(sk, D, p.eps);
       const float g = engram_gate_value(float(raw), rx, rk, D, p.clamp);
       for (int64_t d = 0; d < D; ++d)
         p.out[row * D + d] = f32_to_bf16(bf16_to_f32(x[d]) + g * bf16_to_f32(v[d]));
@@ -86,7 +85,7 @@ void engram_short_conv(const EngramShortConvParams& p) {
         const int32_t r = p.taps[t * K + j];
         if (r >= 0) acc += double(bf16_to_f32(p.w[c * K + j])) * bf16_to_f32(p.x[r * C + c]);
       }
-      p.out[t * C + c] = f32_to_bf16(float(acc / (1.0 + std::exp(-acc))));
+      p.out[t * C + c] = f32_to_bf16(float(engram_silu(acc)));
     }
 }
 

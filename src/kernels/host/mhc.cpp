@@ -7,8 +7,8 @@
 namespace deepinfer::kernels::host {
 namespace {
 
-// dots[i] = R_flat · fn[i] for i < rows (fp64 sums), returns sum(R_flat²).
-float mix_dots(const bf16* r, const float* fn, int64_t rows, int64_t width, float* dots) {
+// dots[i] = R_flat · fn[i] for i < rows (fp64 sums), returns sum(R_flat²) (fp64).
+double mix_dots(const bf16* r, const float* fn, int64_t rows, int64_t width, float* dots) {
   double ss = 0;
   for (int64_t k = 0; k < width; ++k) ss += double(bf16_to_f32(r[k])) * bf16_to_f32(r[k]);
   for (int64_t i = 0; i < rows; ++i) {
@@ -16,7 +16,7 @@ float mix_dots(const bf16* r, const float* fn, int64_t rows, int64_t width, floa
     for (int64_t k = 0; k < width; ++k) s += double(bf16_to_f32(r[k])) * fn[i * width + k];
     dots[i] = float(s);
   }
-  return float(ss);
+  return ss;
 }
 
 // out[d] = bf16(sum_m w[m] * R[m, d]), fp32 in m order.
@@ -36,7 +36,7 @@ void mhc_pre(const MhcPreParams& p) {
   std::vector<float> dots(size_t(p.num_mixes())), pre(static_cast<size_t>(n));
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const bf16* r = p.residual + t * W;
-    const float ss = mix_dots(r, p.fn, p.num_mixes(), W, dots.data());
+    const double ss = mix_dots(r, p.fn, p.num_mixes(), W, dots.data());
     mhc_pre_coefficients(p, dots.data(), ss, pre.data(), p.post + t * n, p.comb + t * n * n);
     if (p.pre)
       for (int64_t m = 0; m < n; ++m) p.pre[t * n + m] = pre[size_t(m)];
@@ -65,7 +65,7 @@ void mhc_head(const MhcHeadParams& p) {
   std::vector<float> dots(static_cast<size_t>(n)), h(static_cast<size_t>(n));
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const bf16* r = p.residual + t * W;
-    const float ss = mix_dots(r, p.fn, n, W, dots.data());
+    const double ss = mix_dots(r, p.fn, n, W, dots.data());
     mhc_head_coefficients(p, dots.data(), ss, h.data());
     weighted_sum(r, h.data(), n, p.dim, p.out + t * p.dim);
   }
