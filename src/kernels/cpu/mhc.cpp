@@ -46,7 +46,8 @@ void dots_block(const bf16* const* r, const float* fn, int64_t width, float* dot
   for (int t = 0; t < TB; ++t)
     for (int i = 0; i < IB; ++i) {
       double v = hn::GetLane(hn::SumOfLanes(dd, acc[t][i]));
-      for (int64_t kk = k; kk < width; ++kk) v += double(bf16_to_f32(r[t][kk])) * fn[i * width + kk];
+      for (int64_t kk = k; kk < width; ++kk)
+        v += double(bf16_to_f32(r[t][kk])) * fn[i * width + kk];
       dots[t * dots_stride + i] = float(v);
     }
 }

@@ -45,8 +45,8 @@ void rms_norm_rows(const RmsNormParams& p, int64_t t0, int64_t t1, float* row) {
     i = 0;
     for (; i + N <= H; i += N) {
       const auto v = round_bf16_vec(
-          df, hn::DemoteTo(df, hn::Mul(hn::Mul(load_bf16_f64(dd, x + i), vr),
-                                       load_bf16_f64(dd, p.w + i))));
+          df, hn::DemoteTo(
+                  df, hn::Mul(hn::Mul(load_bf16_f64(dd, x + i), vr), load_bf16_f64(dd, p.w + i))));
       if (y) store_bf16(df, v, y + i);
       if (p.q) hn::StoreU(v, df, row + i);
     }

@@ -103,8 +103,8 @@ CaseResult run_masked(std::vector<int32_t> masked_m, int64_t max_m, int64_t n, i
 
 // batch > 1: the attention-head layout, a [m, batch, k], w [batch, n, k], out [m, batch, n].
 // exact: GemmBf16Params::exact, fp64 sums on both backends, compared bit for bit.
-CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed,
-                    int64_t batch = 1, bool exact = false) {
+CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed, int64_t batch = 1,
+                    bool exact = false) {
   const std::vector<bf16> a = random_bf16(m * batch * k, seed, -2.0f, 2.0f);
   const std::vector<bf16> w = random_bf16(batch * n * k, seed + 1, -0.1f, 0.1f);
   std::vector<bf16> out(buffer_size(m * batch * n));
@@ -233,12 +233,13 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
   // exact mode (the Engram projections' shapes, a K tail, batched heads): bit for bit.
   const Bf16Batch ex[] = {{1, 7, 1280, 256, false}, {1, 3, 37, 77, true}, {2, 5, 48, 64, false}};
   for (const auto& d : ex)
-    cases.push_back(
-        {"gemm_bf16",
-         fmt::format("exact batch={} m={} n={} k={}{}", d.batch, d.m, d.n, d.k, d.f32 ? " f32" : ""),
-         true, [d] {
-           return run_bf16(d.m, d.n, d.k, d.f32, uint64_t(d.batch * 37 + d.n), d.batch, true);
-         }});
+    cases.push_back({"gemm_bf16",
+                     fmt::format("exact batch={} m={} n={} k={}{}", d.batch, d.m, d.n, d.k,
+                                 d.f32 ? " f32" : ""),
+                     true, [d] {
+                       return run_bf16(d.m, d.n, d.k, d.f32, uint64_t(d.batch * 37 + d.n), d.batch,
+                                       true);
+                     }});
 }
 
 }  // namespace deepinfer::kernels::testing
