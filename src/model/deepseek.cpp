@@ -349,12 +349,44 @@ struct DeepseekModel::Impl {
     k::gemm_fp8_multi(gemms_);
   }
 
+  // ---- rows that only feed the cache ---------------------------------------------------------
+
+  // The rows whose block output is read: a chunk's positions when it wants all their logits,
+  // else its last. The other rows of a layer only need their latent in the cache (the MTP
+  // module's catch-up in a speculative step, docs/architecture.md §6.1).
+  static std::vector<SeqChunk> kept_rows(const std::vector<SeqChunk>& chunks) {
+    std::vector<SeqChunk> kept = chunks;
+    for (SeqChunk& c : kept)
+      if (!c.all_logits && c.num_tokens > 1) {
+        c.start_pos += c.num_tokens - 1;
+        c.tokens += c.num_tokens - 1;
+        c.num_tokens = 1;
+      }
+    return kept;
+  }
+
+  // Moves each chunk's kept rows (its last kept[i].num_tokens of width elements) to the front of
+  // x, in chunk order; returns their count.
+  static int64_t compact_rows(bf16* x, int64_t width, const std::vector<SeqChunk>& chunks,
+                              const std::vector<SeqChunk>& kept) {
+    int64_t t = 0, o = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const int64_t n = chunks[i].num_tokens, nk = kept[i].num_tokens;
+      if (o != t + n - nk && nk > 0)
+        std::memmove(x + o * width, x + (t + n - nk) * width, size_t(nk * width) * sizeof(bf16));
+      t += n;
+      o += nk;
+    }
+    return o;
+  }
+
   // ---- attention ------------------------------------------------------------------------------
 
   // Returns MLA(RMSNorm(x)) [T, hidden] bf16 (null when T = 0); x [T, hidden] is the sub-layer
-  // input (the residual itself when hc_mult = 1).
+  // input (the residual itself when hc_mult = 1). With `kept` (kept_rows below), every row's
+  // latent still goes to the cache but only the kept rows attend: the output has their rows.
   const bf16* attention(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache,
-                        int64_t T, const bf16* hbuf) {
+                        int64_t T, const bf16* hbuf, const std::vector<SeqChunk>* kept = nullptr) {
     const LayerWeights& L = w->layers[size_t(li)];
     const int64_t hid = cfg.hidden_size, H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim,
                   dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank,
@@ -433,10 +465,14 @@ struct DeepseekModel::Impl {
             std::memcpy(cache.row(li, c.cache_seq, c.start_pos + j), kr + t * row,
                         size_t(row) * sizeof(bf16));
       }
-      bf16* ol = olat.get(T * H * r);  // [T, H, r] latent outputs
+      // The kept queries: each chunk's last rows, moved to the front in chunk order.
+      const int64_t To = kept ? compact_rows(qa_, H * row, chunks, *kept) : T;
+      bf16* ol = olat.get(To * H * r);  // [To, H, r] latent outputs
       int64_t t = 0;
-      for (const auto& c : chunks) {
-        if (c.num_tokens == 0) continue;
+      for (size_t ci = 0; ci < chunks.size(); ++ci) {
+        const SeqChunk& c = chunks[ci];
+        const int64_t nq = kept ? (*kept)[ci].num_tokens : c.num_tokens;
+        if (nq == 0) continue;
         const auto& table = cache.block_table(c.cache_seq);
         const int32_t seqlen = int32_t(c.start_pos + c.num_tokens);
         k::MlaDecodeParams ap;
@@ -446,7 +482,7 @@ struct DeepseekModel::Impl {
         ap.cache_seqlens = &seqlen;
         ap.o = ol + t * H * r;
         ap.batch = 1;
-        ap.s_q = c.num_tokens;
+        ap.s_q = nq;  // the last nq of the chunk's positions (bottom-right causal)
         ap.num_heads = H;
         ap.head_dim = row;
         ap.head_dim_v = r;
@@ -456,8 +492,9 @@ struct DeepseekModel::Impl {
         ap.softmax_scale = softmax_scale;
         ap.causal = true;
         k::mla_decode(ap);
-        t += c.num_tokens;
+        t += nq;
       }
+      T = To;
       // o_h = W_UV,h · ō_h, heads concatenated [T, H·dv]: one batched GEMM over the heads.
       bf16* oc = ocat.get(T * H * dv);
       {
@@ -1095,8 +1132,24 @@ struct DeepseekModel::Impl {
       linear(m.eh_proj, Act{cat}, T, s.cur);
     }
     ForwardOutput out;
-    block(li, chunks, cache, T, s, nullptr);
-    head(chunks, s.cur, T, m.head_norm, m.head, true, out);
+    const std::vector<SeqChunk> kept = kept_rows(chunks);
+    int64_t Tk = 0;
+    for (const auto& c : kept) Tk += c.num_tokens;
+    if (Tk == T) {
+      block(li, chunks, cache, T, s, nullptr);
+    } else {  // the catch-up rows before each chunk's last only write their latent to the cache
+      const LayerWeights& L = w->layers[size_t(li)];
+      const bf16* y;
+      {
+        k::KernelTag tag("attn");
+        y = attention(li, chunks, cache, T, s.cur, &kept);
+      }
+      compact_rows(s.cur, hid, chunks, kept);
+      sublayer_out(y, Tk, s, "mhc.attn");
+      DI_CHECK(L.engram < 0 && hc == 1, "mtp_forward: the MTP block has no Engram or mHC");
+      sublayer_out(ffn(li, Tk, s.cur, nullptr), Tk, s, "mhc.ffn");
+    }
+    head(kept, s.cur, Tk, m.head_norm, m.head, true, out);
     return out;
   }
 };

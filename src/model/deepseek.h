@@ -59,8 +59,9 @@ struct ForwardOutput {
   Tensor logits;                   // [R, V] f32: per chunk, all its positions or its last
   std::vector<int64_t> row_begin;  // [chunks + 1] row range of each chunk in logits
   RoutingTrace routing;            // filled when forward(..., trace = true)
-  // [T, hidden] bf16, every new token in chunk order, before the final norm (forward(...,
-  // hidden = true): what the MTP module reads; mtp_forward: the block output the chain reads).
+  // forward(..., hidden = true): [T, hidden] bf16, every new token in chunk order, before the
+  // final norm (what the MTP module reads). mtp_forward: [R, hidden], the block output of each
+  // logits row (what the chain reads).
   Tensor hidden;
 };
 
@@ -99,7 +100,9 @@ class DeepseekModel {
   // Collective, like forward: the MTP module (docs/architecture.md §6.1). Chunk
   // token j at position p = start_pos + j is the token at p + 1, `hidden` row [T, hidden] the
   // state for position p (the main model's before its final norm, or the previous MTP step's
-  // block output); the logits predict the token at p + 2, and out.hidden is the block output.
+  // block output); the logits predict the token at p + 2, and out.hidden is the block output of
+  // each logits row. A chunk without all_logits runs only its last row past the cache write: its
+  // earlier rows (a speculative step's catch-up) are read by later positions' attention only.
   // The module's latent rows go to the cache's last layer at position p.
   ForwardOutput mtp_forward(const std::vector<SeqChunk>& chunks, const bf16* hidden,
                             PagedKvCache& cache);

@@ -315,11 +315,9 @@ struct Engine::Impl {
     std::vector<Chain> chains;
     std::vector<int64_t> rows;  // logits row per drafting sequence
     std::vector<bf16> h;        // its last hidden row: what the next chain step reads
-    int64_t tok_end = 0;        // end of chunk i's rows in o.hidden
     for (size_t i = 0; i < mchunks.size(); ++i) {
       Seq& s = active[mowner[i]];
       const int64_t r0 = o.row_begin[i], r1 = o.row_begin[i + 1];
-      tok_end += mchunks[i].num_tokens;
       if (s.req.record) {
         const float* lg = o.logits.data<float>();
         s.res.mtp_logits.insert(s.res.mtp_logits.end(), lg + r0 * V, lg + r1 * V);
@@ -329,7 +327,7 @@ struct Engine::Impl {
       if (s.done || s.prefilling() || want < 1) continue;
       chains.push_back({mowner[i], want, mchunks[i].start_pos + mchunks[i].num_tokens});
       rows.push_back(r1 - 1);
-      const bf16* last = o.hidden.data<bf16>() + (tok_end - 1) * hid;
+      const bf16* last = o.hidden.data<bf16>() + (r1 - 1) * hid;  // mtp_forward: row = logits row
       h.insert(h.end(), last, last + hid);
     }
     std::vector<size_t> seqs;

@@ -10,6 +10,8 @@
 //    speculative-sampling rule for a one-hot draft distribution), by a chi-square test;
 //  - the same on models/tiny-mtp, whose trained module's drafts are mostly accepted (verify steps
 //    emit several tokens), greedy against the reference's golden tokens and sampled at 3 seeds;
+//  - the MTP catch-up that writes only the latent of a chunk's earlier rows gives its last row
+//    the same logits, block output and cache rows, bit for bit, as the full MTP forward;
 //  - bad configurations are clear errors.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
@@ -28,6 +30,8 @@
 
 #include "kernels/sampling.h"
 #include "model/config.h"
+#include "model/deepseek.h"
+#include "model/kv_cache.h"
 #include "model/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
@@ -212,6 +216,56 @@ TEST(Speculative, TrainedModuleAcceptsDraftsAndKeepsTheGoldenTokens) {
       EXPECT_GT(double(st.accepted), 0.5 * double(st.drafted))
           << how << ": " << st.accepted << " of " << st.drafted;
     }
+}
+
+// A speculative step's MTP catch-up (a chunk without all_logits: docs/architecture.md §6.1) runs
+// only the chunk's last row past the cache write. Its logits and block output, and every row's
+// latent in the cache, must be those of the full MTP forward, bit for bit (models/tiny-mtp, golden
+// prompt 4: 26 positions, so the catch-up has 25 rows).
+TEST(Speculative, MtpCatchUpRowsOnlyFeedTheCache) {
+  const std::string dir = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny-mtp";
+  const auto j = nlohmann::json::parse(std::ifstream(dir + "/golden/golden.json"));
+  const auto ids = j.at("prompts").at(4).at("ids").get<std::vector<int32_t>>();
+  const int64_t n = int64_t(ids.size());
+  ASSERT_GT(n, 8);
+  LaunchModelOptions lo;
+  lo.model_dir = dir;
+  lo.mtp = true;
+  run_model_ranks(lo, [&](RankContext& ctx) {
+    model::DeepseekModel m(ctx.weights, ctx.group, model::ModelOptions::from_knobs());
+    const int64_t hid = m.config().hidden_size, V = m.config().vocab_size;
+    const int64_t L = m.config().num_hidden_layers, row = m.kv_cache_config(1).row_dim;
+    struct Out {
+      std::vector<float> logits;  // the last row's
+      std::vector<bf16> hidden;   // the last row's block output
+      std::vector<bf16> cache;    // the MTP layer's latent rows, positions 0 .. n-2
+    };
+    auto run = [&](bool all_rows) {
+      model::PagedKvCache cache(m.kv_cache_config(4));
+      const int64_t seq = cache.add_sequence();
+      cache.reserve(seq, n);
+      model::SeqChunk c{.cache_seq = seq, .tokens = ids.data(), .num_tokens = n};
+      const model::ForwardOutput main = m.forward({c}, cache, false, true);
+      model::SeqChunk mc{.cache_seq = seq,
+                         .tokens = ids.data() + 1,
+                         .num_tokens = n - 1,
+                         .all_logits = all_rows};
+      const model::ForwardOutput o = m.mtp_forward({mc}, main.hidden.data<bf16>(), cache);
+      const int64_t last = o.row_begin[1] - 1;
+      EXPECT_EQ(last, all_rows ? n - 2 : 0);
+      Out r;
+      r.logits.assign(o.logits.data<float>() + last * V, o.logits.data<float>() + (last + 1) * V);
+      r.hidden.assign(o.hidden.data<bf16>() + last * hid,
+                      o.hidden.data<bf16>() + (last + 1) * hid);
+      for (int64_t p = 0; p < n - 1; ++p)
+        r.cache.insert(r.cache.end(), cache.row(L, seq, p), cache.row(L, seq, p) + row);
+      return r;
+    };
+    const Out full = run(true), trimmed = run(false);
+    EXPECT_EQ(std::memcmp(trimmed.logits.data(), full.logits.data(), full.logits.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(trimmed.hidden.data(), full.hidden.data(), full.hidden.size() * 2), 0);
+    EXPECT_EQ(std::memcmp(trimmed.cache.data(), full.cache.data(), full.cache.size() * 2), 0);
+  });
 }
 
 TEST(Speculative, SampledTokensAreThoseOfPlainSamplingForEverySeed) {
