@@ -2,7 +2,9 @@
 // benchmark contract of docs/performance.md §1): prefill of a 128-token prompt in tokens/s against
 // the fp32 FMA peak (and the BF16-dot peak where the CPU has it), and decode at batch B against
 // the decode roofline = read bandwidth (a 1 GiB read-only pass in this run) ÷ the weight bytes a
-// step reads (shared weights once, the distinct experts the batch routes to). --profile prints the
+// step reads (shared weights once, the distinct experts the batch routes to); at EP 1 also against
+// the compute time of the step's GEMM flops at the BF16-dot (else FMA) peak, and `roofline_ratio`
+// against the larger of the two (a large batch is compute-bound on a CPU). --profile prints the
 // decode step per op and per layer (docs/performance.md §8). --model synthetic writes a
 // DeepSeek-V3-architecture model with random weights (fixed seed; FP8 linears) in HF layout into
 // --synthetic-dir and loads it. --speculative mtp [--draft-tokens k] adds a line for
@@ -271,6 +273,23 @@ int run_bench_decode(BenchDecodeCli o) {
                  {"load_bucket", rc.load.mode == model::LoadMode::bucket ? 1.0 : 0.0},
                  {"load_read_bytes_max_rank", double(read_max)},
                  {"load_replicated_bytes", double(rc.load.replicated_bytes)}};
+      // Each weight a step reads is multiplied by every row that uses it, so a large batch is
+      // bound by the GEMMs' instruction (VDPBF16PS where the CPU has it, else FMA), not by reading:
+      // the roofline is the larger of the read time and the compute time (EP 1: the whole step
+      // is this rank's). At batch 1 the read time is the larger by far.
+      if (o.ep == 1) {
+        const double ctx_len = double(kDecodePrompt) + double(o.decode_tokens) / 2.0;
+        const double attn = 2.0 * double(cfg.num_hidden_layers) *
+                            double(cfg.num_attention_heads) *
+                            double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * ctx_len;
+        d.flops = double(B) * (linear_flops_per_token(cfg) + attn);
+        const double peak = bf16_dot_gflops > 0 ? bf16_dot_gflops : peak_gflops;
+        const double read_s = bytes / (bw_gbps * 1e9), compute_s = d.flops / (peak * 1e9);
+        d.extra["compute_peak_gflops"] = peak;
+        d.extra["compute_ratio"] = compute_s / step_s;
+        d.extra["roofline_ratio"] = std::max(read_s, compute_s) / step_s;
+        d.extra["compute_bound"] = compute_s > read_s ? 1.0 : 0.0;
+      }
       ctx.emit(d);
     }
 
