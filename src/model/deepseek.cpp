@@ -1138,7 +1138,8 @@ struct DeepseekModel::Impl {
     if (Tk == T) {
       block(li, chunks, cache, T, s, nullptr);
     } else {  // the catch-up rows before each chunk's last only write their latent to the cache
-      const LayerWeights& L = w->layers[size_t(li)];
+      DI_CHECK(w->layers[size_t(li)].engram < 0 && hc == 1,
+               "mtp_forward: the MTP block has no Engram or mHC");
       const bf16* y;
       {
         k::KernelTag tag("attn");
@@ -1146,7 +1147,6 @@ struct DeepseekModel::Impl {
       }
       compact_rows(s.cur, hid, chunks, kept);
       sublayer_out(y, Tk, s, "mhc.attn");
-      DI_CHECK(L.engram < 0 && hc == 1, "mtp_forward: the MTP block has no Engram or mHC");
       sublayer_out(ffn(li, Tk, s.cur, nullptr), Tk, s, "mhc.ffn");
     }
     head(kept, s.cur, Tk, m.head_norm, m.head, true, out);
