@@ -246,17 +246,14 @@ TEST(Speculative, MtpCatchUpRowsOnlyFeedTheCache) {
       cache.reserve(seq, n);
       model::SeqChunk c{.cache_seq = seq, .tokens = ids.data(), .num_tokens = n};
       const model::ForwardOutput main = m.forward({c}, cache, false, true);
-      model::SeqChunk mc{.cache_seq = seq,
-                         .tokens = ids.data() + 1,
-                         .num_tokens = n - 1,
-                         .all_logits = all_rows};
+      model::SeqChunk mc{
+          .cache_seq = seq, .tokens = ids.data() + 1, .num_tokens = n - 1, .all_logits = all_rows};
       const model::ForwardOutput o = m.mtp_forward({mc}, main.hidden.data<bf16>(), cache);
       const int64_t last = o.row_begin[1] - 1;
       EXPECT_EQ(last, all_rows ? n - 2 : 0);
       Out r;
       r.logits.assign(o.logits.data<float>() + last * V, o.logits.data<float>() + (last + 1) * V);
-      r.hidden.assign(o.hidden.data<bf16>() + last * hid,
-                      o.hidden.data<bf16>() + (last + 1) * hid);
+      r.hidden.assign(o.hidden.data<bf16>() + last * hid, o.hidden.data<bf16>() + (last + 1) * hid);
       for (int64_t p = 0; p < n - 1; ++p)
         r.cache.insert(r.cache.end(), cache.row(L, seq, p), cache.row(L, seq, p) + row);
       return r;

@@ -279,8 +279,7 @@ int run_bench_decode(BenchDecodeCli o) {
       // is this rank's). At batch 1 the read time is the larger by far.
       if (o.ep == 1) {
         const double ctx_len = double(kDecodePrompt) + double(o.decode_tokens) / 2.0;
-        const double attn = 2.0 * double(cfg.num_hidden_layers) *
-                            double(cfg.num_attention_heads) *
+        const double attn = 2.0 * double(cfg.num_hidden_layers) * double(cfg.num_attention_heads) *
                             double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * ctx_len;
         d.flops = double(B) * (linear_flops_per_token(cfg) + attn);
         const double peak = bf16_dot_gflops > 0 ? bf16_dot_gflops : peak_gflops;
