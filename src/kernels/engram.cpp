@@ -39,10 +39,6 @@ void EngramGateParams::validate() const {
            "engram_gate: eps ({}) and clamp ({}) must be finite and >= 0", eps, clamp);
 }
 
-float engram_rstd(double sumsq, int64_t dim, float eps) {
-  return float(1.0 / std::sqrt(sumsq / double(dim) + double(eps)));
-}
-
 // float64 from the fp32 raw and rstd, one rounding (docs/numerics.md §8.1): the gate scales a whole
 // row of the stream, so its last bit must not depend on an exp implementation.
 float engram_gate_value(float raw, float rstd_x, float rstd_k, int64_t dim, float clamp) {

@@ -82,9 +82,8 @@ struct EngramGateParams {
   void validate() const;
 };
 
-// Shared by the backends: rstd = fp32(1/sqrt(sumsq/dim + eps)) from a float64 sum of squares, and
-// g from raw and the two rstd (float64, one rounding).
-float engram_rstd(double sumsq, int64_t dim, float eps);
+// g from raw and the two rstd (each fp32(rms_rstd(...)) of a float64 sum of squares): float64,
+// one rounding; shared by the backends.
 float engram_gate_value(float raw, float rstd_x, float rstd_k, int64_t dim, float clamp);
 // The short conv's SiLU: the conv sum rounded once to fp32, then SiLU in float64 from it.
 double engram_silu(double conv);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/norm.h"
+
 namespace deepinfer::kernels {
 namespace {
 
@@ -75,14 +77,10 @@ void mhc_sinkhorn(double* c, int64_t n, int64_t repeat, double eps) {
   }
 }
 
-float mhc_rstd(double sumsq, int64_t width, float eps) {
-  return float(1.0 / std::sqrt(double(float(sumsq)) / double(width) + double(eps)));
-}
-
 void mhc_pre_coefficients(const MhcPreParams& p, const float* dots, double sumsq, float* pre,
                           float* post, float* comb) {
   const int64_t n = p.hc;
-  const float r = mhc_rstd(sumsq, n * p.dim, p.rms_eps);
+  const float r = float(rms_rstd(double(float(sumsq)), n * p.dim, p.rms_eps));  // fp32 Σ R²
   for (int64_t m = 0; m < n; ++m) {
     pre[m] = float(sigmoid64(dots[m] * r * p.scale[0] + p.base[m])) + p.pre_eps;
     post[m] = float(sigmoid64(dots[n + m] * r * p.scale[1] + p.base[n + m]) * double(p.post_mult));
@@ -94,7 +92,7 @@ void mhc_pre_coefficients(const MhcPreParams& p, const float* dots, double sumsq
 }
 
 void mhc_head_coefficients(const MhcHeadParams& p, const float* dots, double sumsq, float* h) {
-  const float r = mhc_rstd(sumsq, p.hc * p.dim, p.rms_eps);
+  const float r = float(rms_rstd(double(float(sumsq)), p.hc * p.dim, p.rms_eps));
   for (int64_t m = 0; m < p.hc; ++m)
     h[m] = float(sigmoid64(dots[m] * r * p.scale[0] + p.base[m])) + p.eps;
 }

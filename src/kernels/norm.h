@@ -9,6 +9,7 @@
 #include <deepinfer/dtype.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,13 @@
 #include "kernels/registry.h"
 
 namespace deepinfer::kernels {
+
+// 1 / sqrt(sumsq / n + eps) in fp64: the RMS factor of every fp64 norm (RMSNorm on both backends,
+// the Engram gate and conv norm, mHC's mixes); callers round it where their op does
+// (docs/numerics.md §4, §8.1).
+inline double rms_rstd(double sumsq, int64_t n, double eps) {
+  return 1.0 / std::sqrt(sumsq / double(n) + eps);
+}
 
 // Set y, or q + scales (fused cast), or all three.
 struct RmsNormParams {

@@ -944,23 +944,29 @@ struct DeepseekModel::Impl {
 
   // Layer li on the stream: Engram (if the layer has it), then attention and the FFN, each
   // through mHC when hc_mult > 1. The next Engram layer's fetch starts after this attention.
-  void block(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
-             Stream& s, RoutingTrace* trace) {
+  // With `kept` (kept_rows; plain blocks only) every row's latent goes to the cache and the
+  // stream goes on with the kept rows. Returns the stream's rows.
+  int64_t block(int64_t li, const std::vector<SeqChunk>& chunks, PagedKvCache& cache, int64_t T,
+                Stream& s, RoutingTrace* trace, const std::vector<SeqChunk>* kept = nullptr) {
     const LayerWeights& L = w->layers[size_t(li)];
+    DI_CHECK(!kept || (L.engram < 0 && hc == 1),
+             "block {}: only a plain block runs some rows for the cache alone", li);
     if (L.engram >= 0) engram_block(L.engram, chunks, cache, T, s);
     {
       const bf16* x = sublayer_in(L.attn_hc, T, s, "mhc.attn");
       const bf16* y;
       {
         k::KernelTag tag("attn");
-        y = attention(li, chunks, cache, T, x);
+        y = attention(li, chunks, cache, T, x, kept);
       }
+      if (kept) T = compact_rows(s.cur, cfg.hidden_size, chunks, *kept);
       sublayer_out(y, T, s, "mhc.attn");
     }
     if (li + 1 < cfg.num_hidden_layers && li + 1 >= 2 && w->layers[size_t(li + 1)].engram >= 0)
       engram_start_fetch(w->layers[size_t(li + 1)].engram, T);
     const bf16* x = sublayer_in(L.ffn_hc, T, s, "mhc.ffn");
     sublayer_out(ffn(li, T, x, trace), T, s, "mhc.ffn");
+    return T;
   }
 
   // Norm + head on the rows that need logits (per chunk: all its positions or its last); the
@@ -1132,23 +1138,9 @@ struct DeepseekModel::Impl {
       linear(m.eh_proj, Act{cat}, T, s.cur);
     }
     ForwardOutput out;
+    // The catch-up rows before each chunk's last only write their latent to the cache.
     const std::vector<SeqChunk> kept = kept_rows(chunks);
-    int64_t Tk = 0;
-    for (const auto& c : kept) Tk += c.num_tokens;
-    if (Tk == T) {
-      block(li, chunks, cache, T, s, nullptr);
-    } else {  // the catch-up rows before each chunk's last only write their latent to the cache
-      DI_CHECK(w->layers[size_t(li)].engram < 0 && hc == 1,
-               "mtp_forward: the MTP block has no Engram or mHC");
-      const bf16* y;
-      {
-        k::KernelTag tag("attn");
-        y = attention(li, chunks, cache, T, s.cur, &kept);
-      }
-      compact_rows(s.cur, hid, chunks, kept);
-      sublayer_out(y, Tk, s, "mhc.attn");
-      sublayer_out(ffn(li, Tk, s.cur, nullptr), Tk, s, "mhc.ffn");
-    }
+    const int64_t Tk = block(li, chunks, cache, T, s, nullptr, &kept);
     head(kept, s.cur, Tk, m.head_norm, m.head, true, out);
     return out;
   }

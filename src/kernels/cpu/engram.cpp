@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/activation_simd-inl.h"
+#include "kernels/norm.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::kernels::cpu::HWY_NAMESPACE {
@@ -46,7 +47,7 @@ void engram_gate_rows(const EngramGateParams& p, int64_t r0, int64_t r1) {
       sx += a * a;
       sk += b * b;
     }
-    const float rx = engram_rstd(sx, D, p.eps), rk = engram_rstd(sk, D, p.eps);
+    const float rx = float(rms_rstd(sx, D, p.eps)), rk = float(rms_rstd(sk, D, p.eps));
     const float g = engram_gate_value(float(raw), rx, rk, D, p.clamp);
     const auto vg = hn::Set(df, g);
     bf16* out = p.out + row * D;
@@ -83,7 +84,7 @@ void engram_conv_norm_rows(const EngramConvNormParams& p, int64_t r0, int64_t r1
     }
     double sum = hn::GetLane(hn::SumOfLanes(dd, ss));
     for (; d < D; ++d) sum += double(u[d]) * u[d];
-    const double r = 1.0 / std::sqrt(sum / double(D) + double(p.eps));
+    const double r = rms_rstd(sum, D, p.eps);
     const auto vr = hn::Set(dd, r);
     const bf16* w = p.w + i * D;
     bf16* o = p.out + row * D;

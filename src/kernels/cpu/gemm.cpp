@@ -479,12 +479,9 @@ void Gemm(const GemmArgs& g) {
 void GemmBf16Exact(const GemmBf16Params& p, int64_t b, int64_t c0, int64_t c1) {
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;
-  const hn::Rebind<uint32_t, decltype(dd)> du;
-  const hn::Rebind<uint16_t, decltype(dd)> d16;
   const int64_t N = int64_t(hn::Lanes(dd)), K = p.k;
   const auto load = [&](const bf16* q) {
-    const auto bits = hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(q)));
-    return hn::PromoteTo(dd, hn::BitCast(df, hn::ShiftLeft<16>(bits)));
+    return hn::PromoteTo(dd, DecodeBf16(df, reinterpret_cast<const uint16_t*>(q)));
   };
   for (int64_t r = 0; r < p.m; ++r) {
     const bf16* a = p.a + b * p.a_batch + r * p.row_a();

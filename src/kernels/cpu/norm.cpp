@@ -39,7 +39,7 @@ void rms_norm_rows(const RmsNormParams& p, int64_t t0, int64_t t1, float* row) {
     }
     double ss = hn::GetLane(hn::SumOfLanes(dd, hn::Add(s0, s1)));
     for (; i < H; ++i) ss += double(bf16_to_f32(x[i])) * bf16_to_f32(x[i]);
-    const double r = 1.0 / std::sqrt(ss / double(H) + double(p.eps));
+    const double r = rms_rstd(ss, H, p.eps);
     const auto vr = hn::Set(dd, r);
     bf16* y = p.y ? p.y + t * p.y_stride() : nullptr;
     i = 0;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/norm.h"
+
 namespace deepinfer::kernels::host {
 
 void engram_hash(const EngramHashParams& p) {
@@ -45,7 +47,7 @@ void engram_gate(const EngramGateParams& p) {
         sx += xd * xd;
         sk += kd * kd;
       }
-      const float rx = engram_rstd(sx, D, p.eps), rk = engram_rstd(sk, D, p.eps);
+      const float rx = float(rms_rstd(sx, D, p.eps)), rk = float(rms_rstd(sk, D, p.eps));
       const float g = engram_gate_value(float(raw), rx, rk, D, p.clamp);
       for (int64_t d = 0; d < D; ++d)
         p.out[row * D + d] = f32_to_bf16(bf16_to_f32(x[d]) + g * bf16_to_f32(v[d]));
@@ -68,7 +70,7 @@ void engram_conv_norm(const EngramConvNormParams& p) {
         u[size_t(d)] = round_bf16(g * bf16_to_f32(p.v[t * D + d]));
         ss += double(u[size_t(d)]) * u[size_t(d)];
       }
-      const double r = 1.0 / std::sqrt(ss / double(D) + double(p.eps));
+      const double r = rms_rstd(ss, D, p.eps);
       bf16* o = p.out + (t * p.hc + i) * D;
       for (int64_t d = 0; d < D; ++d)
         o[d] = f32_to_bf16(float(double(u[size_t(d)]) * r * double(bf16_to_f32(p.w[i * D + d]))));

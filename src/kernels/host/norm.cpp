@@ -16,7 +16,7 @@ void rms_norm(const RmsNormParams& p) {
     const bf16* x = p.x + t * p.x_stride();
     double ss = 0.0;
     for (int64_t i = 0; i < H; ++i) ss += double(bf16_to_f32(x[i])) * double(bf16_to_f32(x[i]));
-    const double r = 1.0 / std::sqrt(ss / double(H) + double(p.eps));
+    const double r = rms_rstd(ss, H, p.eps);
     for (int64_t i = 0; i < H; ++i)
       row[size_t(i)] =
           round_bf16(float(double(bf16_to_f32(x[i])) * r * double(bf16_to_f32(p.w[i]))));
