@@ -23,6 +23,10 @@ namespace detail {
 std::shared_ptr<std::byte> host_alloc(size_t bytes);
 // Bytes of released storage held for reuse (tests, diagnostics).
 size_t host_alloc_idle_bytes();
+// 64-byte aligned storage for weights the engine streams every step, packed into 2 MiB-aligned
+// chunks the kernel is asked to back with transparent huge pages (host_memory.cpp). A chunk goes
+// back to the OS when the last storage in it is released.
+std::shared_ptr<std::byte> weight_alloc(size_t bytes);
 }  // namespace detail
 
 // Process-wide: tells glibc malloc to keep freed memory (no heap trim; mmap only from 32 MiB), so

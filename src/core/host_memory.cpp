@@ -5,6 +5,7 @@
 // PyTorch's caching allocator answers the same problem the same way.
 #include <deepinfer/tensor.h>
 #include <malloc.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -102,6 +103,53 @@ size_t host_alloc_idle_bytes() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   return c.idle_bytes;
+}
+
+namespace {
+
+// Weight chunks: 2 MiB-aligned anonymous mappings with MADV_HUGEPAGE, so the weight stream of a
+// decode step walks 2 MiB pages. On 4 KiB pages the hardware prefetcher stops at every page edge
+// and each page costs a TLB walk: the decode GEMMs streamed 15-25% slower from DRAM
+// (docs/performance.md §8). madvise is a request; where THP is off the chunk keeps 4 KiB pages.
+constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kWeightChunk = size_t(64) << 20;
+
+std::shared_ptr<std::byte> map_chunk(size_t bytes) {
+  // Over-map by one huge page and trim both ends to get a 2 MiB-aligned range.
+  const size_t span = bytes + kHugePage;
+  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  DI_CHECK(raw != MAP_FAILED, "out of memory mapping {} bytes of weight storage", bytes);
+  const auto base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t lo = (base + kHugePage - 1) & ~(kHugePage - 1);
+  if (lo > base) ::munmap(raw, lo - base);
+  if (base + span > lo + bytes)
+    ::munmap(reinterpret_cast<void*>(lo + bytes), base + span - lo - bytes);
+  ::madvise(reinterpret_cast<void*>(lo), bytes, MADV_HUGEPAGE);
+  return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(lo),
+                                    [bytes](std::byte* q) { ::munmap(q, bytes); });
+}
+
+struct WeightArena {
+  std::mutex mu;
+  std::shared_ptr<std::byte> chunk;  // the chunk being filled
+  size_t used = 0, size = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<std::byte> weight_alloc(size_t bytes) {
+  static WeightArena* arena = new WeightArena;  // never destroyed, as cache()
+  bytes = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  if (bytes >= kWeightChunk) return map_chunk((bytes + kHugePage - 1) & ~(kHugePage - 1));
+  std::lock_guard<std::mutex> lock(arena->mu);
+  if (!arena->chunk || arena->used + bytes > arena->size) {
+    arena->chunk = map_chunk(kWeightChunk);
+    arena->used = 0;
+    arena->size = kWeightChunk;
+  }
+  std::byte* p = arena->chunk.get() + arena->used;
+  arena->used += bytes;
+  return std::shared_ptr<std::byte>(arena->chunk, p);  // keeps the chunk mapped
 }
 
 }  // namespace deepinfer::detail

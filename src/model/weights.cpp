@@ -90,7 +90,7 @@ class Loader {
   static void attach_decode_layout(Linear& l) {
     const size_t bytes = kernels::decode_layout_bytes(l.out, l.in);
     if (bytes == 0) return;
-    l.owned_decode = Tensor::empty(DType::u8, {int64_t(bytes)});
+    l.owned_decode = Tensor::borrow(detail::weight_alloc(bytes), DType::u8, {int64_t(bytes)});
     kernels::pack_decode_layout(l.w_fp8, l.out, l.in, l.owned_decode.data<uint8_t>());
     l.w_decode = l.owned_decode.data<uint8_t>();
   }
@@ -314,6 +314,15 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     if (opts.fp8_head) {
       quantize_linear_fp8(l);
       if (opts.decode_layout) Loader::attach_decode_layout(l);
+    } else if (name != "model.embed_tokens" && opts.ep_size == 1) {
+      // Streamed whole every step: copied to huge-page weight storage, its file pages dropped
+      // (docs/performance.md §6). A tied head stays in the mapping the embedding reads; with
+      // several ranks each reads its vocabulary slice only, and a copy each would cost W heads.
+      const size_t bytes = size_t(l.out * l.in) * sizeof(bf16);
+      l.owned_w = Tensor::borrow(detail::weight_alloc(bytes), DType::bf16, {l.out, l.in});
+      std::memcpy(l.owned_w.data<bf16>(), l.w_bf16, bytes);
+      l.w_bf16 = l.owned_w.data<bf16>();
+      ck.release(name + ".weight");
     }
     return l;
   };

@@ -1,10 +1,16 @@
 // Tensor: shapes, strides, views, rows, clone, borrow, and the errors for bad requests.
 #include <deepinfer/tensor.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -244,6 +250,59 @@ TEST(HostMemory, FreedBlocksStayMappedAfterKeepFreedHostMemory) {
   getrusage(RUSAGE_THREAD, &after);
   EXPECT_LT(after.ru_minflt - before.ru_minflt, 64)
       << "freed memory went back to the OS (sink " << sink << ")";
+}
+
+// The VmFlags line of the mapping that holds `p` in /proc/self/smaps ("" if none).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2)
+      inside = at >= lo && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0)
+      return line;
+  }
+  return "";
+}
+
+bool page_mapped(const void* p) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* base = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(page - 1));
+  unsigned char v = 0;
+  return mincore(base, size_t(page), &v) == 0;  // ENOMEM: nothing mapped there
+}
+
+// Weight storage: 64-byte aligned, never overlapping, in mappings marked for transparent huge
+// pages ("hg" in VmFlags); a block of a whole chunk or more is its own 2 MiB-aligned mapping that
+// goes back to the OS when released.
+TEST(WeightStorage, AlignedDisjointHugePageMappingsReleasedWithTheirLastUser) {
+  std::vector<std::shared_ptr<std::byte>> small;
+  const std::vector<size_t> sizes{1, 100, 4096, 3 << 20, 64, 1 << 20};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    small.push_back(detail::weight_alloc(sizes[i]));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(small.back().get()) % 64, 0u);
+    std::memset(small.back().get(), int(i + 1), sizes[i]);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto* p = reinterpret_cast<const unsigned char*>(small[i].get());
+    EXPECT_EQ(std::count(p, p + sizes[i], static_cast<unsigned char>(i + 1)), long(sizes[i]))
+        << "block " << i << " was overwritten by another";
+    EXPECT_NE(vm_flags_of(p).find(" hg"), std::string::npos) << vm_flags_of(p);
+  }
+
+  const size_t big = size_t(65) << 20;
+  auto whole = detail::weight_alloc(big);
+  const void* at = whole.get();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(at) % (size_t(2) << 20), 0u);
+  static_cast<volatile std::byte*>(whole.get())[big - 1] = std::byte{7};
+  EXPECT_TRUE(page_mapped(at));
+  auto alias = whole;  // a second user keeps it mapped
+  whole.reset();
+  EXPECT_TRUE(page_mapped(at));
+  alias.reset();
+  EXPECT_FALSE(page_mapped(at)) << "a released weight chunk stayed mapped";
 }
 
 }  // namespace

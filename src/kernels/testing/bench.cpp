@@ -80,6 +80,8 @@ HWY_AFTER_NAMESPACE();
 #include <immintrin.h>
 #endif
 
+#include <deepinfer/tensor.h>
+
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/testing/bench.h"
 
@@ -199,10 +201,14 @@ double BenchContext::memcpy_gbps(size_t bytes) {
 double BenchContext::read_gbps(size_t bytes) {
   if (read_cache.count(bytes)) return read_cache[bytes];
   bytes = (bytes + 255) / 256 * 256;
-  std::vector<uint8_t> buf(bytes, 1);  // written once: every page mapped before timing
+  // On the pages the runtime's weights get (detail::weight_alloc: huge pages where the OS gives
+  // them), written once so every page is mapped before timing.
+  const std::shared_ptr<std::byte> storage = detail::weight_alloc(bytes);
+  auto* buf = reinterpret_cast<uint8_t*>(storage.get());
+  std::memset(buf, 1, bytes);
   std::vector<uint64_t> sinks(size_t(ctx_chunks(*this)) * 8, 0);  // one cache line per chunk
   const double gbps = pass_gbps(*this, bytes, 256, [&](size_t lo, size_t hi, int64_t c) {
-    sinks[size_t(c) * 8] += HWY_DYNAMIC_DISPATCH(ReadLoop)(buf.data() + lo, hi - lo);
+    sinks[size_t(c) * 8] += HWY_DYNAMIC_DISPATCH(ReadLoop)(buf + lo, hi - lo);
   });
   read_cache[bytes] = gbps;
   return gbps;

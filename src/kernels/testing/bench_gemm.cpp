@@ -13,6 +13,7 @@
 //    router shapes), fp8 decode M without the decode layout, and fp8 with the decode layout at
 //    M = 16..512 (the decode-layout kernel in 8-row chunks when on); ratio = seconds
 //    with the mode off / seconds with it on (< 1: its cost, > 1: its gain).
+#include <deepinfer/tensor.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -88,15 +89,18 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
     // too (ratio_cache_warm, against a read pass over one copy's bytes).
     const int64_t copies = std::max<int64_t>(1, ((int64_t(64) << 20) + n * k - 1) / (n * k));
     std::vector<Weights> ws;
-    std::vector<std::vector<uint8_t>> w_decodes;  // empty where the CPU has no BF16 dot
+    // The decode layouts on the runtime's weight storage (huge pages where the OS gives them).
+    const size_t layout_bytes = decode_layout_bytes(n, k);  // 0 where the CPU has no BF16 dot
+    const bool decode_layout = layout_bytes != 0;
+    std::vector<std::shared_ptr<std::byte>> w_decodes;
     for (int64_t c = 0; c < copies; ++c) {
       ws.push_back(random_weights(n, k, uint64_t(n + 1000 * c)));
-      w_decodes.emplace_back(decode_layout_bytes(n, k));
-      if (!w_decodes.back().empty())
-        pack_decode_layout(ws.back().q.data(), n, k, w_decodes.back().data());
+      if (!decode_layout) continue;
+      w_decodes.push_back(deepinfer::detail::weight_alloc(layout_bytes));
+      pack_decode_layout(ws.back().q.data(), n, k,
+                         reinterpret_cast<uint8_t*>(w_decodes.back().get()));
     }
     const Weights& w = ws[0];
-    const bool decode_layout = !w_decodes[0].empty();
     const double wbytes = double(n * k) + double(w.scales.size() * 4);
     const double limit = ctx.read_gbps(kReadPassBytes), limit_warm = ctx.read_gbps(size_t(n * k));
     for (int64_t m : ms) {
@@ -112,7 +116,9 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
                       .m = m,
                       .n = n,
                       .k = k,
-                      .w_decode = decode_layout ? w_decodes[size_t(c)].data() : nullptr});
+                      .w_decode = decode_layout
+                                      ? reinterpret_cast<const uint8_t*>(w_decodes[size_t(c)].get())
+                                      : nullptr});
       size_t next = 0;
       auto call = [&] { gemm_fp8(ps[next++ % ps.size()]); };
       ScopedBackend use(KernelBackend::cpu);
