@@ -971,9 +971,10 @@ struct DeepseekModel::Impl {
 
   // Norm + head on the rows that need logits (per chunk: all its positions or its last); the
   // hidden rows are kept in out.hidden when asked.
+  // vocab: the logits of the first `vocab` ids only (an MTP draft vocabulary), 0 = all.
   void head(const std::vector<SeqChunk>& chunks, const bf16* hb, int64_t T, const bf16* norm,
-            const Linear& lm, bool keep_hidden, ForwardOutput& out) {
-    const int64_t hid = cfg.hidden_size, V = cfg.vocab_size;
+            const Linear& lm, bool keep_hidden, ForwardOutput& out, int64_t vocab = 0) {
+    const int64_t hid = cfg.hidden_size, V = vocab > 0 ? vocab : cfg.vocab_size;
     if (keep_hidden) {
       out.hidden = Tensor::empty(DType::bf16, {T, hid});
       if (T > 0) std::memcpy(out.hidden.data<bf16>(), hb, size_t(T * hid) * sizeof(bf16));
@@ -1001,7 +1002,7 @@ struct DeepseekModel::Impl {
         std::memcpy(g + i * hid, hb + rows[size_t(i)] * hid, size_t(hid) * sizeof(bf16));
       rms_norm(g, norm, R, hid, gn);
     }
-    head_logits(gn, R, lm, out.logits.data<float>());
+    head_logits(gn, R, lm, V, out.logits.data<float>());
   }
 
   // out [T, v1 - v0] f32 = the LM head's columns [v0, v1) for rows x [T, hidden] (v0 % 128 == 0).
@@ -1032,14 +1033,15 @@ struct DeepseekModel::Impl {
     }
   }
 
-  // logits [R, V] for this rank's normed rows x [R, hidden]. With several ranks the vocabulary is
+  // logits [R, V] (the head's first V columns) for this rank's normed rows x [R, hidden]. With
+  // several ranks the vocabulary is
   // split among them in slices of whole 128-column blocks: every rank computes its slice for every
   // rank's rows (all_gather_v of the rows) and the slices go back to their rows' ranks
   // (all_to_all_v), so a lone decoding sequence's head is read by every rank's threads, not by its
   // own rank's alone (docs/performance.md §8). Every rank joins, with R = 0 too. A logit is the
   // same sum on any rank: the GEMMs' row order depends on K only (docs/numerics.md §10).
-  void head_logits(const bf16* x, int64_t R, const Linear& lm, float* logits) {
-    const int64_t hid = cfg.hidden_size, V = cfg.vocab_size, W = group.size();
+  void head_logits(const bf16* x, int64_t R, const Linear& lm, int64_t V, float* logits) {
+    const int64_t hid = cfg.hidden_size, W = group.size();
     if (W == 1) return head_columns(x, R, lm, 0, V, logits);
     std::vector<int64_t> rows(static_cast<size_t>(W));
     {
@@ -1118,7 +1120,9 @@ struct DeepseekModel::Impl {
   // h' = eh_proj([enorm(Emb(next token)) | hnorm(h)]), one block (layer num_hidden_layers),
   // shared_head.norm, the head.
   ForwardOutput mtp_forward(const std::vector<SeqChunk>& chunks, const bf16* hidden_in,
-                            PagedKvCache& cache) {
+                            PagedKvCache& cache, int64_t vocab) {
+    DI_CHECK(vocab >= 0 && vocab <= cfg.vocab_size,
+             "mtp_forward: a draft vocabulary of {} ids, the model has {}", vocab, cfg.vocab_size);
     DI_CHECK(!w->mtp.empty(), "mtp_forward: the weights hold no MTP module (LoadOptions::mtp)");
     const MtpWeights& m = w->mtp[0];
     const int64_t hid = cfg.hidden_size, li = cfg.num_hidden_layers;
@@ -1141,7 +1145,7 @@ struct DeepseekModel::Impl {
     // The catch-up rows before each chunk's last only write their latent to the cache.
     const std::vector<SeqChunk> kept = kept_rows(chunks);
     const int64_t Tk = block(li, chunks, cache, T, s, nullptr, &kept);
-    head(kept, s.cur, Tk, m.head_norm, m.head, true, out);
+    head(kept, s.cur, Tk, m.head_norm, m.head, true, out, vocab);
     return out;
   }
 };
@@ -1182,8 +1186,8 @@ ForwardOutput DeepseekModel::forward(const std::vector<SeqChunk>& chunks, PagedK
 bool DeepseekModel::has_mtp() const { return !impl_->w->mtp.empty(); }
 
 ForwardOutput DeepseekModel::mtp_forward(const std::vector<SeqChunk>& chunks, const bf16* hidden,
-                                         PagedKvCache& cache) {
-  return impl_->mtp_forward(chunks, hidden, cache);
+                                         PagedKvCache& cache, int64_t draft_vocab) {
+  return impl_->mtp_forward(chunks, hidden, cache, draft_vocab);
 }
 
 DecodeWeightBytes DeepseekModel::decode_weight_bytes() const {

@@ -103,9 +103,10 @@ class DeepseekModel {
   // block output); the logits predict the token at p + 2, and out.hidden is the block output of
   // each logits row. A chunk without all_logits runs only its last row past the cache write: its
   // earlier rows (a speculative step's catch-up) are read by later positions' attention only.
-  // The module's latent rows go to the cache's last layer at position p.
+  // The module's latent rows go to the cache's last layer at position p. draft_vocab > 0: logits
+  // [R, draft_vocab] of the first draft_vocab ids only (the head reads only their rows).
   ForwardOutput mtp_forward(const std::vector<SeqChunk>& chunks, const bf16* hidden,
-                            PagedKvCache& cache);
+                            PagedKvCache& cache, int64_t draft_vocab = 0);
   // Bytes of weights one token reads in decode (attention + dense + top-k experts + shared + head),
   // for the decode roofline.
   double active_weight_bytes_per_token() const;

@@ -82,6 +82,10 @@ struct Engine::Impl {
           "speculative decoding (--speculative mtp) needs the model's MTP module, but the weights "
           "were loaded without one; load them with the MTP module (LoadOptions::mtp) from a "
           "checkpoint that has num_nextn_predict_layers >= 1");
+    if (opts.draft_vocab < 0 || opts.draft_vocab > model.config().vocab_size)
+      DI_FAIL(
+          "the draft vocabulary (--draft-vocab) must be in [1, {}], the model's vocabulary, got {}",
+          model.config().vocab_size, opts.draft_vocab);
     if (opts.kv_pages > 0)
       cache = std::make_unique<model::PagedKvCache>(model.kv_cache_config(opts.kv_pages));
   }
@@ -301,12 +305,12 @@ struct Engine::Impl {
   // sequence that decodes next step ends with up to draft_tokens greedy drafts.
   void draft(const model::ForwardOutput& main, const std::vector<model::SeqChunk>& mchunks,
              const std::vector<size_t>& mowner, const std::vector<int64_t>& mrows) {
-    const int64_t hid = model.config().hidden_size, V = model.config().vocab_size;
+    const int64_t hid = model.config().hidden_size, V = draft_vocab();
     std::vector<bf16> hin(mrows.size() * size_t(hid));
     for (size_t i = 0; i < mrows.size(); ++i)
       std::memcpy(hin.data() + i * size_t(hid), main.hidden.data<bf16>() + mrows[i] * hid,
                   size_t(hid) * sizeof(bf16));
-    model::ForwardOutput o = model.mtp_forward(mchunks, hin.data(), *cache);
+    model::ForwardOutput o = model.mtp_forward(mchunks, hin.data(), *cache, opts.draft_vocab);
     // The sequences that draft: active index, drafts wanted, next chain position.
     struct Chain {
       size_t seq;
@@ -319,6 +323,9 @@ struct Engine::Impl {
       Seq& s = active[mowner[i]];
       const int64_t r0 = o.row_begin[i], r1 = o.row_begin[i + 1];
       if (s.req.record) {
+        if (V != model.config().vocab_size)
+          DI_FAIL(
+              "recording a request's MTP logits needs the whole vocabulary; drop --draft-vocab");
         const float* lg = o.logits.data<float>();
         s.res.mtp_logits.insert(s.res.mtp_logits.end(), lg + r0 * V, lg + r1 * V);
       }
@@ -350,7 +357,7 @@ struct Engine::Impl {
         hh.insert(hh.end(), h.begin() + int64_t(i) * hid, h.begin() + int64_t(i + 1) * hid);
         live.push_back(i);
       }
-      o = model.mtp_forward(cc, hh.data(), *cache);
+      o = model.mtp_forward(cc, hh.data(), *cache, opts.draft_vocab);
       rows.clear();
       seqs.clear();
       for (size_t j = 0; j < live.size(); ++j) {
@@ -363,12 +370,17 @@ struct Engine::Impl {
     }
   }
 
+  // The ids the MTP head scores (EngineOptions::draft_vocab).
+  int64_t draft_vocab() const {
+    return opts.draft_vocab > 0 ? opts.draft_vocab : model.config().vocab_size;
+  }
+
   // Sequence seqs[b] gets the greedy token of logits row rows[b] as its next draft (ties -> lower
   // id, the sampling kernel's argmax).
   void append_argmax(const model::ForwardOutput& o, const std::vector<int64_t>& rows,
                      const std::vector<size_t>& seqs) {
     if (rows.empty()) return;
-    const int64_t V = model.config().vocab_size;
+    const int64_t V = draft_vocab();
     std::vector<float> lg(rows.size() * size_t(V));
     for (size_t b = 0; b < rows.size(); ++b)
       std::memcpy(lg.data() + b * size_t(V), o.logits.data<float>() + rows[b] * V,

@@ -68,6 +68,10 @@ struct EngineOptions {
   // > 0: self-speculative decoding (docs/architecture.md §6.1) with this many MTP drafts per
   // sequence and step; the weights need an MTP module (LoadOptions::mtp). 0: plain decode.
   int64_t draft_tokens = 0;
+  // > 0: the MTP head scores only the first draft_vocab token ids (drafts come from them; the
+  // main model still verifies over the whole vocabulary, so the output is the same). The head is
+  // most of a draft's weight reads on a large vocabulary (docs/architecture.md §6.1). 0: all.
+  int64_t draft_vocab = 0;
 };
 
 struct EngineStats {

@@ -80,6 +80,7 @@ void serve(const ServeOptions& opts, const std::function<void(int, Scheduler&)>&
     eo.max_batch = opts.max_batch;
     eo.kv_pages = pages;
     eo.draft_tokens = opts.draft_tokens;
+    eo.draft_vocab = opts.draft_vocab;
     runtime::Engine engine(ctx.weights, ctx.group, eo);
     if (ctx.group.rank() != 0) {
       serve_rank(ctx.group, engine, nullptr);

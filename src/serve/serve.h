@@ -20,6 +20,7 @@ struct ServeOptions {
   int64_t kv_pages = 0;  // per rank; 0: max_batch sequences of min(context, 2048) tokens
   int64_t max_tokens_per_step = 256;
   int64_t draft_tokens = 0;  // EngineOptions::draft_tokens (needs launch.mtp)
+  int64_t draft_vocab = 0;   // EngineOptions::draft_vocab
 };
 
 // The ServedModel of a checkpoint folder: its tokenizer (kept alive by the caller), context,

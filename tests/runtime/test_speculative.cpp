@@ -222,6 +222,22 @@ TEST(Speculative, TrainedModuleAcceptsDraftsAndKeepsTheGoldenTokens) {
 // only the chunk's last row past the cache write. Its logits and block output, and every row's
 // latent in the cache, must be those of the full MTP forward, bit for bit (models/tiny-mtp, golden
 // prompt 4: 26 positions, so the catch-up has 25 rows).
+// The main forward over ids in a new sequence of cache, then the MTP forward over its positions
+// (every row's logits or, as a catch-up, the last row's), its logits of the first vocab ids.
+model::ForwardOutput main_then_mtp(model::DeepseekModel& m, model::PagedKvCache& cache,
+                                   const std::vector<int32_t>& ids, bool all_rows,
+                                   int64_t vocab = 0, int64_t* seq_out = nullptr) {
+  const int64_t n = int64_t(ids.size());
+  const int64_t seq = cache.add_sequence();
+  cache.reserve(seq, n);
+  if (seq_out) *seq_out = seq;
+  model::SeqChunk c{.cache_seq = seq, .tokens = ids.data(), .num_tokens = n};
+  const model::ForwardOutput main = m.forward({c}, cache, false, true);
+  model::SeqChunk mc{
+      .cache_seq = seq, .tokens = ids.data() + 1, .num_tokens = n - 1, .all_logits = all_rows};
+  return m.mtp_forward({mc}, main.hidden.data<bf16>(), cache, vocab);
+}
+
 TEST(Speculative, MtpCatchUpRowsOnlyFeedTheCache) {
   const std::string dir = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny-mtp";
   const auto j = nlohmann::json::parse(std::ifstream(dir + "/golden/golden.json"));
@@ -242,13 +258,8 @@ TEST(Speculative, MtpCatchUpRowsOnlyFeedTheCache) {
     };
     auto run = [&](bool all_rows) {
       model::PagedKvCache cache(m.kv_cache_config(4));
-      const int64_t seq = cache.add_sequence();
-      cache.reserve(seq, n);
-      model::SeqChunk c{.cache_seq = seq, .tokens = ids.data(), .num_tokens = n};
-      const model::ForwardOutput main = m.forward({c}, cache, false, true);
-      model::SeqChunk mc{
-          .cache_seq = seq, .tokens = ids.data() + 1, .num_tokens = n - 1, .all_logits = all_rows};
-      const model::ForwardOutput o = m.mtp_forward({mc}, main.hidden.data<bf16>(), cache);
+      int64_t seq = 0;
+      const model::ForwardOutput o = main_then_mtp(m, cache, ids, all_rows, 0, &seq);
       const int64_t last = o.row_begin[1] - 1;
       EXPECT_EQ(last, all_rows ? n - 2 : 0);
       Out r;
@@ -263,6 +274,80 @@ TEST(Speculative, MtpCatchUpRowsOnlyFeedTheCache) {
     EXPECT_EQ(std::memcmp(trimmed.hidden.data(), full.hidden.data(), full.hidden.size() * 2), 0);
     EXPECT_EQ(std::memcmp(trimmed.cache.data(), full.cache.data(), full.cache.size() * 2), 0);
   });
+}
+
+// A draft vocabulary (EngineOptions::draft_vocab): the MTP logits are the first N columns of the
+// whole head's, bit for bit, at EP 1 and 2 (N = 1000: the ranks' 128-column slices end mid-block);
+// the engine's greedy tokens stay the golden's, and drafts are still accepted.
+TEST(Speculative, DraftVocabularyScoresAPrefixAndKeepsTheTokens) {
+  const std::string dir = std::string(DEEPINFER_SOURCE_DIR) + "/models/tiny-mtp";
+  const auto j = nlohmann::json::parse(std::ifstream(dir + "/golden/golden.json"));
+  constexpr int64_t kVocab = 1000;
+  for (int ep : {1, 2}) {
+    LaunchModelOptions lo;
+    lo.model_dir = dir;
+    lo.ep = ep;
+    lo.mtp = true;
+    EngineStats st;
+    std::vector<RequestResult> got;
+    std::mutex mu;
+    run_model_ranks(lo, [&](RankContext& ctx) {
+      {  // the MTP forward alone: prefix columns of the whole head's logits
+        model::DeepseekModel m(ctx.weights, ctx.group, model::ModelOptions::from_knobs());
+        const auto ids = j.at("prompts").at(0).at("ids").get<std::vector<int32_t>>();
+        const int64_t V = m.config().vocab_size;
+        auto logits = [&](int64_t vocab) {
+          model::PagedKvCache cache(m.kv_cache_config(4));
+          return main_then_mtp(m, cache, ids, true, vocab).logits;
+        };
+        const Tensor whole = logits(0), prefix = logits(kVocab);
+        ASSERT_EQ(prefix.dim(1), kVocab);
+        ASSERT_EQ(prefix.dim(0), whole.dim(0));
+        for (int64_t r = 0; r < whole.dim(0); ++r)
+          EXPECT_EQ(std::memcmp(prefix.data<float>() + r * kVocab, whole.data<float>() + r * V,
+                                kVocab * sizeof(float)),
+                    0)
+              << "EP " << ep << " row " << r;
+      }
+      EngineOptions eo;
+      eo.draft_tokens = 2;
+      eo.draft_vocab = kVocab;
+      Engine engine(ctx.weights, ctx.group, eo);
+      std::vector<Request> mine;
+      for (const auto& p : j.at("prompts")) {
+        Request q;
+        q.id = int64_t(&p - &j.at("prompts")[0]);
+        q.prompt = p.at("ids").get<std::vector<int32_t>>();
+        q.max_new_tokens = j.at("max_new_tokens").get<int64_t>();
+        if (int(q.id % ep) == ctx.group.rank()) mine.push_back(q);
+      }
+      auto g = gather_results(ctx.group, engine.generate(mine));
+      std::lock_guard lk(mu);
+      if (ctx.group.rank() == 0) {
+        got = std::move(g);
+        st = engine.stats();
+      }
+    });
+    ASSERT_EQ(got.size(), j.at("prompts").size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i].tokens, j.at("prompts")[i].at("generated_ids").get<std::vector<int32_t>>())
+          << "EP " << ep << " prompt " << i;
+    EXPECT_GT(st.accepted, 0) << "EP " << ep;
+  }
+  LaunchModelOptions lo;
+  lo.model_dir = dir;
+  lo.mtp = true;
+  try {
+    run_model_ranks(lo, [](RankContext& ctx) {
+      EngineOptions eo;
+      eo.draft_tokens = 2;
+      eo.draft_vocab = ctx.weights->config.vocab_size + 1;
+      Engine e(ctx.weights, ctx.group, eo);
+    });
+    FAIL() << "a draft vocabulary larger than the model's was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--draft-vocab"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Speculative, SampledTokensAreThoseOfPlainSamplingForEverySeed) {

@@ -298,7 +298,10 @@ int run_bench_decode(BenchDecodeCli o) {
       std::vector<int32_t> decode_prompt = decode_requests(1, kDecodePrompt, 1, V, 101)[0].prompt;
       if (!o.prompt.empty()) decode_prompt = Tokenizer::from_dir(dir).encode(o.prompt);
       runtime::EngineOptions so = eo;
-      so.draft_tokens = o.speculative.draft_tokens;
+      o.speculative.apply(so);
+      const std::string spec_label =
+          fmt::format("speculative mtp k={}{}", o.speculative.draft_tokens,
+                      so.draft_vocab ? fmt::format(" draft_vocab={}", so.draft_vocab) : "");
       runtime::Engine spec_engine(rc.weights, rc.group, so);
       std::vector<int32_t> plain_tokens, spec_tokens;
       std::vector<double> plain_s, spec_s;  // seconds per generated token
@@ -331,9 +334,7 @@ int run_bench_decode(BenchDecodeCli o) {
         runtime::Request q;
         q.prompt = decode_prompt;
         q.max_new_tokens = o.decode_tokens + 1;
-        profile_decode(
-            spec_engine, {q},
-            fmt::format("decode batch 1 speculative mtp k={}", o.speculative.draft_tokens));
+        profile_decode(spec_engine, {q}, fmt::format("decode batch 1 {}", spec_label));
       }
       DI_CHECK(spec_tokens == plain_tokens,
                "speculative decode generated other tokens than plain greedy decode");
@@ -341,10 +342,9 @@ int run_bench_decode(BenchDecodeCli o) {
         std::sort(plain_s.begin(), plain_s.end());
         std::sort(spec_s.begin(), spec_s.end());
         const double dec_s = plain_s[plain_s.size() / 2], sp_s = spec_s[spec_s.size() / 2];
-        const int64_t k = o.speculative.draft_tokens;
         kernels::testing::BenchRecord x;
         x.bench = "decode";
-        x.case_name = fmt::format("{} decode batch 1 speculative mtp k={}", tag, k);
+        x.case_name = fmt::format("{} decode batch 1 {}", tag, spec_label);
         x.seconds = sp_s;
         x.limit = "plain_decode_tokens_per_s";  // the limit it must beat
         x.limit_value = 1.0 / dec_s;

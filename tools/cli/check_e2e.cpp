@@ -563,7 +563,7 @@ DEEPINFER_COMMAND(
           "Routing must agree where the golden router margin exceeds this (default 1e-3)");
       app.add_option("--expect-hash", o->expect_hash, "Fail unless the logits hash equals this");
       app.add_flag("--verbose", o->verbose, "Per-prompt error figures");
-      o->speculative.add_to(app);
+      o->speculative.add_to(app, false);
       o->head.add_to(app);
       app.add_option("--ablate", o->ablate,
                      "Also run prompt 0 with the Engram tables zeroed (engram) or every mHC comb "

@@ -70,9 +70,17 @@ void check_mpi_world(CommKind comm, int world, const std::string& option);
 struct SpeculativeOptions {
   std::string mode;  // "" (plain decode) or "mtp"
   int64_t draft_tokens = 2;
-  void add_to(CLI::App& app);
+  int64_t draft_vocab = 0;  // EngineOptions::draft_vocab (0: the whole vocabulary)
+  // with_vocab: also --draft-vocab (not where the MTP logits are checked whole: check e2e).
+  void add_to(CLI::App& app, bool with_vocab = true);
   bool on() const { return mode == "mtp"; }
   int64_t engine_draft_tokens() const { return on() ? draft_tokens : 0; }  // EngineOptions'
+  // Both speculation settings onto engine options (EngineOptions, serve::ServeOptions).
+  template <class Options>
+  void apply(Options& o) const {
+    o.draft_tokens = engine_draft_tokens();
+    o.draft_vocab = on() ? draft_vocab : 0;
+  }
 };
 
 template <class Result>

@@ -158,7 +158,7 @@ int run_generate(const GenerateCli& o) {
     runtime::EngineOptions eo;
     eo.model = model::ModelOptions::from_knobs();
     eo.max_tokens_per_step = o.max_tokens_per_step;
-    eo.draft_tokens = o.speculative.engine_draft_tokens();
+    o.speculative.apply(eo);
     if (!o.algo.empty())
       eo.model.ep.algo = o.algo == "ag"    ? EpAlgo::ag
                          : o.algo == "a2a" ? EpAlgo::a2a

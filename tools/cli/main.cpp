@@ -62,7 +62,7 @@ CLI::Validator a_number() {
       "NUMBER");
 }
 
-void SpeculativeOptions::add_to(CLI::App& app) {
+void SpeculativeOptions::add_to(CLI::App& app, bool with_vocab) {
   auto* spec = app.add_option("--speculative", mode,
                               "mtp: self-speculative decoding with the model's MTP module (same "
                               "output as without; needs num_nextn_predict_layers >= 1)")
@@ -71,6 +71,12 @@ void SpeculativeOptions::add_to(CLI::App& app) {
                  "MTP drafts verified per step with --speculative mtp (default 2)")
       ->check(integer_in(1, 16))
       ->needs(spec);
+  if (with_vocab)
+    app.add_option("--draft-vocab", draft_vocab,
+                   "MTP drafts from the first N token ids only (their head rows are all a draft "
+                   "reads of the head; output unchanged; default: the whole vocabulary)")
+        ->check(integer_in(1, int64_t(1) << 40, "INT >= 1"))
+        ->needs(spec);
 }
 
 void HeadOption::add_to(CLI::App& app) {

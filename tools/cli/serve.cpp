@@ -179,7 +179,7 @@ int run_serve(const ServeCli& o) {
   so.max_tokens_per_step = o.max_tokens_per_step;
   so.launch.mtp = o.speculative.on();
   so.launch.fp8_head = o.head.fp8();
-  so.draft_tokens = o.speculative.engine_draft_tokens();
+  o.speculative.apply(so);
   std::signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails instead
   SignalWatch signals;
   signals.drain_timeout_s = o.drain_timeout_s;
