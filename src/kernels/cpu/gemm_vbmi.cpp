@@ -392,11 +392,15 @@ DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t 
 DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
   thread_local std::vector<uint16_t> act;
   thread_local std::vector<int64_t> first, act_at;
+  // The pool splits work units, not panels: a panel of a problem with m rows costs about m + 2
+  // units (per 128 weight bytes, ten decode instructions and six per row), so the threads of a
+  // MoE layer's call, whose experts have 1..B rows, get equal work (with equal panel counts the
+  // one holding the many-row experts ran last, and the other waited).
   first.assign(1, 0);
   act_at.clear();
   int64_t elems = 0;
   for (const GemmArgs& g : gs) {
-    first.push_back(first.back() + (g.n + kPanel - 1) / kPanel);
+    first.push_back(first.back() + (g.n + kPanel - 1) / kPanel * (g.m + 2));
     act_at.push_back(elems);
     elems += g.m * g.k;
   }
@@ -407,18 +411,18 @@ DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
   const int64_t* const at = act_at.data();
   const uint16_t* const acts = act.data();
   const size_t count = gs.size();
-  auto body = [&](int64_t p0, int64_t p1) {
-    size_t i = size_t(std::upper_bound(start, start + count + 1, p0) - start) - 1;
-    for (; p0 < p1; ++i) {
-      const int64_t hi = std::min(p1, start[i + 1]);
-      const GemmArgs& g = gs[i];
-      const uint16_t* a = acts + at[i];
-      if (hi > p0) PanelsAllRows(g, a, p0 - start[i], hi - start[i]);
-      p0 = hi;
+  // Units [u0, u1) run the panels whose first unit lies in them.
+  auto body = [&](int64_t u0, int64_t u1) {
+    size_t i = size_t(std::upper_bound(start, start + count + 1, u0) - start) - 1;
+    for (; u0 < u1; ++i) {
+      const int64_t hi = std::min(u1, start[i + 1]), w = gs[i].m + 2;
+      const int64_t p0 = (u0 - start[i] + w - 1) / w, p1 = (hi - start[i] + w - 1) / w;
+      if (p1 > p0) PanelsAllRows(gs[i], acts + at[i], p0, p1);
+      u0 = hi;
     }
   };
-  const int64_t panels = start[count], threads = kernel_pool().num_threads();
-  kernel_pool().parallel_for(panels, std::max<int64_t>(1, panels / (4 * threads)), body);
+  const int64_t units = start[count], threads = kernel_pool().num_threads();
+  kernel_pool().parallel_for(units, std::max<int64_t>(1, units / (4 * threads)), body);
 }
 
 DI_VBMI_TARGET void Run(const GemmArgs& g) {
