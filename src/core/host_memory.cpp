@@ -9,12 +9,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "core/check.h"
+#include "core/log.h"
 
 namespace deepinfer::detail {
 namespace {
@@ -114,11 +116,31 @@ namespace {
 constexpr size_t kHugePage = size_t(2) << 20;
 constexpr size_t kWeightChunk = size_t(64) << 20;
 
+// Once per process: a warning where the OS will not back weight storage with huge pages.
+void warn_if_no_huge_pages() {
+  static const bool once = [] {
+    std::string mode;
+    std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), mode);
+    if (mode.find("[never]") != std::string::npos)
+      log_warn(
+          "transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled = never): "
+          "decode reads its weights through 4 KiB pages, 20-30% slower (docs/performance.md §8); "
+          "`echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` as root turns them on");
+    return true;
+  }();
+  (void)once;
+}
+
 std::shared_ptr<std::byte> map_chunk(size_t bytes) {
+  warn_if_no_huge_pages();
   // Over-map by one huge page and trim both ends to get a 2 MiB-aligned range.
   const size_t span = bytes + kHugePage;
   void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  DI_CHECK(raw != MAP_FAILED, "out of memory mapping {} bytes of weight storage", bytes);
+  if (raw == MAP_FAILED)
+    DI_FAIL(
+        "out of memory: could not map {} bytes of weight storage (the model's weights need "
+        "more memory than this machine has free)",
+        bytes);
   const auto base = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t lo = (base + kHugePage - 1) & ~(kHugePage - 1);
   if (lo > base) ::munmap(raw, lo - base);

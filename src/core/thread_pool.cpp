@@ -3,6 +3,7 @@
 #include "core/thread_pool.h"
 
 #include <deepinfer/error.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,14 +38,22 @@ inline void cpu_relax() {
 #endif
 }
 
-// Polls pred for up to kSpin; true as soon as it holds.
+// Polls pred for up to kSpin; true as soon as it holds. Every 64 polls it also yields the CPU:
+// the scheduler may have put the thread it waits for on this same CPU (a worker woken next to
+// its caller: on an idle 2-vCPU VM, one `generate` in two ran 5x slower that way, the spinner
+// holding the CPU the worker needed until its time slice ran out). With a CPU of its own the
+// yield returns at once.
+constexpr int kPollsBeforeYield = 256;  // about 10-15 us of polls first: most waits end sooner
 template <class Pred>
 bool spin_until(Pred pred) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
   for (int i = 0;; ++i) {
     if (pred()) return true;
     cpu_relax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) return false;
+    if ((i & 63) == 63) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      if (i >= kPollsBeforeYield) sched_yield();
+    }
   }
 }
 
@@ -65,31 +74,57 @@ struct ThreadPool::Impl {
   std::condition_variable done_cv;
   uint64_t generation = 0;
   bool stop = false;
-  int active = 0;  // workers still inside the current job
-  // Lock-free mirrors of generation / stop / active for the spin phase (written under mutex).
+  // Lock-free mirrors of generation / stop for the spin phase (written under mutex).
   std::atomic<uint64_t> generation_pub{0};
   std::atomic<bool> stop_pub{false};
-  std::atomic<int> active_pub{0};
 
+  // The job: a caller waits for its chunks, not for the workers. A worker that wakes after the
+  // caller (and the workers awake) ran every chunk finds none to claim and goes back to waiting;
+  // before, the caller waited for each worker to check in, and where the scheduler had put a
+  // worker on the caller's own CPU that wait lasted until the caller's time slice ran out.
   const std::function<void(int64_t, int64_t)>* fn = nullptr;
   int64_t n = 0;
-  int64_t chunks = 0;
-  std::atomic<int64_t> next{0};
+  // Chunk claims: generation (high 24 bits), next chunk (20), chunks (20), so a claim is only
+  // taken in the job it belongs to, and its chunk count is read in the same word.
+  std::atomic<uint64_t> claim{0};
+  std::atomic<int64_t> done{0};  // chunks of the current job run (or skipped after an error)
   std::atomic<bool> failed{false};
   std::exception_ptr error;  // first exception, guarded by `mutex`
 
-  void run_chunks() {
+  static constexpr int kChunkBits = 20;
+  static constexpr uint64_t kChunkMask = (uint64_t(1) << kChunkBits) - 1;
+  static uint64_t claim_word(uint64_t gen, int64_t next, int64_t chunks) {
+    return (gen << (2 * kChunkBits)) | (uint64_t(next) << kChunkBits) | uint64_t(chunks);
+  }
+
+  // Runs the chunks of job `gen` this thread can still claim. While it holds a claim the job's
+  // caller is waiting (done < chunks), so fn and n are that job's.
+  void run_chunks(uint64_t gen) {
     DepthGuard depth;
+    const uint64_t tag = gen & ((uint64_t(1) << (64 - 2 * kChunkBits)) - 1);
     for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= chunks || failed.load(std::memory_order_relaxed)) return;
-      const int64_t begin = c * n / chunks, end = (c + 1) * n / chunks;
-      try {
-        (*fn)(begin, end);
-      } catch (...) {
-        std::lock_guard lock(mutex);
-        if (!error) error = std::current_exception();
-        failed.store(true, std::memory_order_relaxed);
+      uint64_t cur = claim.load(std::memory_order_acquire);
+      int64_t c = 0, chunks = 0;
+      for (;;) {
+        c = int64_t((cur >> kChunkBits) & kChunkMask);
+        chunks = int64_t(cur & kChunkMask);
+        if ((cur >> (2 * kChunkBits)) != tag || c >= chunks) return;
+        if (claim.compare_exchange_weak(cur, cur + (uint64_t(1) << kChunkBits),
+                                        std::memory_order_acq_rel))
+          break;
+      }
+      if (!failed.load(std::memory_order_relaxed)) {
+        try {
+          (*fn)(c * n / chunks, (c + 1) * n / chunks);
+        } catch (...) {
+          std::lock_guard lock(mutex);
+          if (!error) error = std::current_exception();
+          failed.store(true, std::memory_order_relaxed);
+        }
+      }
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+        std::lock_guard lock(mutex);  // the caller may be about to sleep on done_cv
+        done_cv.notify_one();
       }
     }
   }
@@ -107,10 +142,7 @@ struct ThreadPool::Impl {
         if (stop) return;
         seen = generation;
       }
-      run_chunks();
-      std::lock_guard lock(mutex);
-      active_pub.store(--active, std::memory_order_release);
-      if (active == 0) done_cv.notify_one();
+      run_chunks(seen);
     }
   }
 };
@@ -159,8 +191,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t chunks =
-      std::min<int64_t>(n / grain, int64_t(impl_->num_threads) * kChunksPerThread);
+  const int64_t chunks = std::min(
+      {n / grain, int64_t(impl_->num_threads) * kChunksPerThread, int64_t(Impl::kChunkMask)});
   if (chunks <= 1 || impl_->workers.empty() || t_depth > 0) {
     DepthGuard depth;
     fn(0, n);
@@ -172,23 +204,21 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     std::lock_guard lock(p.mutex);
     p.fn = &fn;
     p.n = n;
-    p.chunks = chunks;
-    p.next.store(0, std::memory_order_relaxed);
     p.failed.store(false, std::memory_order_relaxed);
     p.error = nullptr;
-    p.active = int(p.workers.size());
-    p.active_pub.store(p.active, std::memory_order_relaxed);
+    p.done.store(0, std::memory_order_relaxed);
     ++p.generation;
+    p.claim.store(Impl::claim_word(p.generation, 0, chunks), std::memory_order_release);
     p.generation_pub.store(p.generation, std::memory_order_release);
   }
   p.work_cv.notify_all();
-  p.run_chunks();
+  p.run_chunks(p.generation);
   const auto wait_from = std::chrono::steady_clock::now();
   std::exception_ptr error;
-  spin_until([&] { return p.active_pub.load(std::memory_order_acquire) == 0; });
+  spin_until([&] { return p.done.load(std::memory_order_acquire) == chunks; });
   {
     std::unique_lock lock(p.mutex);
-    p.done_cv.wait(lock, [&] { return p.active == 0; });
+    p.done_cv.wait(lock, [&] { return p.done.load(std::memory_order_acquire) == chunks; });
     error = p.error;
     p.error = nullptr;
     p.fn = nullptr;
