@@ -153,7 +153,7 @@ std::shared_ptr<std::byte> map_chunk(size_t bytes) {
 
 struct WeightArena {
   std::mutex mu;
-  std::shared_ptr<std::byte> chunk;  // the chunk being filled
+  std::weak_ptr<std::byte> chunk;  // the chunk being filled: unmapped once its storage is all gone
   size_t used = 0, size = 0;
 };
 
@@ -164,14 +164,16 @@ std::shared_ptr<std::byte> weight_alloc(size_t bytes) {
   bytes = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
   if (bytes >= kWeightChunk) return map_chunk((bytes + kHugePage - 1) & ~(kHugePage - 1));
   std::lock_guard<std::mutex> lock(arena->mu);
-  if (!arena->chunk || arena->used + bytes > arena->size) {
-    arena->chunk = map_chunk(kWeightChunk);
+  std::shared_ptr<std::byte> chunk = arena->chunk.lock();
+  if (!chunk || arena->used + bytes > arena->size) {
+    chunk = map_chunk(kWeightChunk);
+    arena->chunk = chunk;
     arena->used = 0;
     arena->size = kWeightChunk;
   }
-  std::byte* p = arena->chunk.get() + arena->used;
+  std::byte* p = chunk.get() + arena->used;
   arena->used += bytes;
-  return std::shared_ptr<std::byte>(arena->chunk, p);  // keeps the chunk mapped
+  return std::shared_ptr<std::byte>(chunk, p);  // keeps the chunk mapped
 }
 
 }  // namespace deepinfer::detail
