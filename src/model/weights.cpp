@@ -5,6 +5,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -55,7 +58,7 @@ class Loader {
     } else {
       DI_FAIL("tensor {} must be F8_E4M3 (+ weight_scale_inv) or BF16", w.describe());
     }
-    if (opts_.decode_layout && l.fp8()) attach_decode_layout(l);
+    if (opts_.decode_layout && l.fp8()) attach_decode_layout(l, l.w_fp8 == w.as<fp8_e4m3>());
     // The cpu kernels read the decode layout only; the checkpoint's codes stay mapped for the
     // host backend and replays, which fault them in again (docs/performance.md §8).
     if (l.w_decode && l.w_fp8 == w.as<fp8_e4m3>()) ckpt_.release(wname);
@@ -87,12 +90,43 @@ class Loader {
   // A second copy of the codes in the order the cpu decode GEMM reads (none where the CPU has no
   // such kernel): faster decode GEMMs for +1 byte per fp8 weight, or none resident where the codes
   // stay in the mapped checkpoint and are released (docs/performance.md §5).
-  static void attach_decode_layout(Linear& l) {
+  // in_checkpoint: the codes are the checkpoint's own bytes (not a quantized copy), so local
+  // ranks of one process that map the same file share one layout of a replicated weight.
+  static void attach_decode_layout(Linear& l, bool in_checkpoint = false) {
     const size_t bytes = kernels::decode_layout_bytes(l.out, l.in);
     if (bytes == 0) return;
-    l.owned_decode = Tensor::borrow(detail::weight_alloc(bytes), DType::u8, {int64_t(bytes)});
-    kernels::pack_decode_layout(l.w_fp8, l.out, l.in, l.owned_decode.data<uint8_t>());
+    std::shared_ptr<std::byte> storage = in_checkpoint
+                                             ? shared_decode_layout(l.w_fp8, l.out, l.in, bytes)
+                                             : pack_new_decode_layout(l.w_fp8, l.out, l.in, bytes);
+    l.owned_decode = Tensor::borrow(std::move(storage), DType::u8, {int64_t(bytes)});
     l.w_decode = l.owned_decode.data<uint8_t>();
+  }
+
+  static std::shared_ptr<std::byte> pack_new_decode_layout(const fp8_e4m3* codes, int64_t n,
+                                                           int64_t k, size_t bytes) {
+    std::shared_ptr<std::byte> storage = detail::weight_alloc(bytes);
+    kernels::pack_decode_layout(codes, n, k, reinterpret_cast<uint8_t*>(storage.get()));
+    return storage;
+  }
+
+  // One decode layout per mapped fp8 tensor in the process: local ranks each load the replicated
+  // weights (attention, dense layers, shared experts) from the same mapping, and a layout per
+  // rank cost W copies of them, and W streams of the same bytes from memory at every decode
+  // step (docs/performance.md §6). Keyed by the codes' address, which no other tensor can have
+  // while a layout made from it lives (its weights keep the checkpoint mapped).
+  static std::shared_ptr<std::byte> shared_decode_layout(const fp8_e4m3* codes, int64_t n,
+                                                         int64_t k, size_t bytes) {
+    static std::mutex mu;
+    static auto* layouts =
+        new std::map<std::tuple<const void*, int64_t, int64_t>, std::weak_ptr<std::byte>>;
+    std::lock_guard<std::mutex> lock(mu);  // a rank loading the same tensor waits for its layout
+    std::weak_ptr<std::byte>& slot = (*layouts)[{codes, n, k}];
+    if (std::shared_ptr<std::byte> live = slot.lock()) return live;
+    std::shared_ptr<std::byte> storage = pack_new_decode_layout(codes, n, k, bytes);
+    slot = storage;
+    if (layouts->size() % 4096 == 0)  // drop the slots of layouts already gone
+      std::erase_if(*layouts, [](const auto& e) { return e.second.expired(); });
+    return storage;
   }
 
   static void dequantize(Linear& l) {
@@ -313,7 +347,7 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
     l.w_bf16 = ck.get(name + ".weight", DType::bf16, {cfg.vocab_size, h}).as<bf16>();
     if (opts.fp8_head) {
       quantize_linear_fp8(l);
-      if (opts.decode_layout) Loader::attach_decode_layout(l);
+      if (opts.decode_layout) Loader::attach_decode_layout(l);  // a per-rank quantized copy
     } else if (name != "model.embed_tokens" && opts.ep_size == 1) {
       // Streamed whole every step: copied to huge-page weight storage, its file pages dropped
       // (docs/performance.md §6). A tied head stays in the mapping the embedding reads; with

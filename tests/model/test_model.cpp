@@ -259,6 +259,33 @@ double rel_err(const float* a, const float* b, int64_t n) {
 }
 
 // Prefill of golden prompt 2 at EP 1, one shot and in chunks of 5 tokens through the paged cache.
+// Local ranks loading one mapped checkpoint share the decode layout of each replicated fp8 weight
+// (one copy in the process, not one per rank); each rank's experts have their own, and so does a
+// second mapping of the same file (other addresses), whose layout holds the same bytes.
+TEST(Weights, RanksOfOneMappingShareReplicatedDecodeLayouts) {
+  const auto cfg = load_config(kTiny);
+  auto ck = std::make_shared<const Checkpoint>(kTiny);
+  LoadOptions r0;
+  r0.decode_layout = true;
+  r0.ep_size = 2;
+  LoadOptions r1 = r0;
+  r1.ep_rank = 1;
+  auto w0 = load_weights(ck, cfg, r0), w1 = load_weights(ck, cfg, r1);
+  const Linear& o0 = w0->layers[0].o;
+  if (!o0.w_decode) GTEST_SKIP() << "no decode layout on this CPU";
+  EXPECT_EQ(o0.w_decode, w1->layers[0].o.w_decode);
+  const LayerWeights& moe0 = w0->layers.back();
+  const LayerWeights& moe1 = w1->layers.back();
+  ASSERT_FALSE(moe0.experts.empty());
+  EXPECT_EQ(moe0.shared.gate.w_decode, moe1.shared.gate.w_decode);
+  EXPECT_NE(moe0.experts[0].gate.w_decode, moe1.experts[0].gate.w_decode);
+  auto other = load_weights(std::make_shared<const Checkpoint>(kTiny), cfg, r0);
+  const Linear& o2 = other->layers[0].o;
+  ASSERT_NE(o2.w_decode, nullptr);
+  EXPECT_NE(o2.w_decode, o0.w_decode);
+  EXPECT_EQ(std::memcmp(o2.w_decode, o0.w_decode, kernels::decode_layout_bytes(o0.out, o0.in)), 0);
+}
+
 TEST(Forward, PrefillMatchesGoldenAndChunkedPrefillMatchesOneShot) {
   const Golden g = golden_prompt(2);
   const int64_t T = int64_t(g.ids.size()), V = g.vocab;
