@@ -38,11 +38,11 @@ inline void cpu_relax() {
 #endif
 }
 
-// Polls pred for up to kSpin; true as soon as it holds. Every 64 polls it also yields the CPU:
-// the scheduler may have put the thread it waits for on this same CPU (a worker woken next to
-// its caller: on an idle 2-vCPU VM, one `generate` in two ran 5x slower that way, the spinner
-// holding the CPU the worker needed until its time slice ran out). With a CPU of its own the
-// yield returns at once.
+// Polls pred for up to kSpin; true as soon as it holds. Past kPollsBeforeYield polls it also yields
+// the CPU every 64: the scheduler may have put the thread it waits for on this same CPU (a worker
+// woken next to its caller: on an idle 2-vCPU VM, one `generate` in two ran 5x slower that way, the
+// spinner holding the CPU the worker needed until its time slice ran out). With a CPU of its own
+// the yield returns at once.
 constexpr int kPollsBeforeYield = 256;  // about 10-15 us of polls first: most waits end sooner
 template <class Pred>
 bool spin_until(Pred pred) {

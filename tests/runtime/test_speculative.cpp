@@ -348,6 +348,23 @@ TEST(Speculative, DraftVocabularyScoresAPrefixAndKeepsTheTokens) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--draft-vocab"), std::string::npos) << e.what();
   }
+  // A request recording MTP logits is refused before any step: they would be partial.
+  try {
+    run_model_ranks(lo, [&](RankContext& ctx) {
+      EngineOptions eo;
+      eo.draft_tokens = 2;
+      eo.draft_vocab = kVocab;
+      Engine e(ctx.weights, ctx.group, eo);
+      Request q;
+      q.prompt = j.at("prompts").at(0).at("ids").get<std::vector<int32_t>>();
+      q.max_new_tokens = 4;
+      q.record = true;
+      e.generate({q});
+    });
+    FAIL() << "a recording request with a draft vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("whole vocabulary"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Speculative, SampledTokensAreThoseOfPlainSamplingForEverySeed) {
