@@ -129,6 +129,15 @@ if [[ "$MODEL" == models/tiny ]] && grep -qw avx512_bf16 /proc/cpuinfo; then
   echo "--- models/tiny keeps its logits hash 4fba3cec31244f00 (docs/numerics.md §10)"
   [[ "$hash" == 4fba3cec31244f00 ]] || { echo "e2e: models/tiny's hash is $hash, not 4fba3cec31244f00"; exit 1; }
 fi
+# DEEPINFER_AMX=on where the CPU has AMX-BF16: the fp8 GEMMs on tile products pass the golden at
+# EP 1 and 2 with one hash; on models/tiny it is the VDPBF16PS run's (its block sums are exact
+# either way, docs/numerics.md §10).
+if grep -qw amx_bf16 /proc/cpuinfo; then
+  for ep in 1 2; do
+    echo "--- check e2e DEEPINFER_AMX=on local EP=$ep"
+    DEEPINFER_AMX=on "$DEEPINFER" check e2e --model "$MODEL" --ep "$ep" --expect-hash "$hash" | tail -2
+  done
+fi
 ENGRAM_MODEL=${ENGRAM_MODEL:-models/tiny-engram}
 if [[ -f "$ENGRAM_MODEL/golden/golden.json" ]]; then
   echo "--- check e2e $ENGRAM_MODEL local EP=1 (baseline hash)"

@@ -19,7 +19,7 @@ namespace deepinfer {
 namespace {
 
 // The single table of knobs: the parser, the unknown-name check and the docs all read it.
-constexpr std::array<KnobDoc, 17> kKnobDocs{{
+constexpr std::array<KnobDoc, 18> kKnobDocs{{
     {"DEEPINFER_COMM", "local, mpi", "local",
      "collective backend: `local` = one thread per rank, `mpi` = one process per rank (mpirun)"},
     {"DEEPINFER_COMM_TIMEOUT_S", "number > 0", "60",
@@ -42,6 +42,11 @@ constexpr std::array<KnobDoc, 17> kKnobDocs{{
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
      "decode and prefill GEMMs read"},
+    {"DEEPINFER_AMX", "on, off", "off",
+     "cpu kernels on CPUs with AMX-BF16: fp8 GEMMs on the decode layout take AMX tile products "
+     "(TDPBF16PS) at every M: prefill and batched decode faster, one-sequence decode slower "
+     "(docs/performance.md §8); they round differently from VDPBF16PS, so logits differ in the "
+     "last bits between the two settings (docs/numerics.md §10)"},
     {"DEEPINFER_BATCH_INVARIANT", "on, off", "on",
      "cpu kernels: GEMMs sum a row in one order for every M, so a request's tokens do not depend "
      "on what shares its batch or how its prompt is chunked (docs/numerics.md §10); off: decode "
@@ -183,6 +188,7 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
   if (auto v = get("DEEPINFER_KERNELS")) k.kernels = parse_choice("DEEPINFER_KERNELS", *v);
   if (auto v = get("DEEPINFER_DECODE_LAYOUT"))
     k.decode_layout = parse_on_off("DEEPINFER_DECODE_LAYOUT", *v);
+  if (auto v = get("DEEPINFER_AMX")) k.amx = parse_on_off("DEEPINFER_AMX", *v);
   if (auto v = get("DEEPINFER_BATCH_INVARIANT"))
     k.batch_invariant = parse_on_off("DEEPINFER_BATCH_INVARIANT", *v);
   if (auto v = get("DEEPINFER_THREADS")) {

@@ -49,6 +49,9 @@ TEST(Env, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
   EXPECT_TRUE(k.batch_invariant);
   EXPECT_FALSE(parse({{"DEEPINFER_BATCH_INVARIANT", "off"}}).batch_invariant);
+  EXPECT_FALSE(k.amx);
+  EXPECT_TRUE(parse({{"DEEPINFER_AMX", "on"}}).amx);
+  EXPECT_THROW(parse({{"DEEPINFER_AMX", "yes"}}), Error);
   EXPECT_EQ(k.ep_peer_memory, "auto");
   EXPECT_EQ(k.fault, "");
   EXPECT_EQ(k.capabilities_file, "");
@@ -73,6 +76,7 @@ TEST(Env, DocumentedDefaultsAreTheParsersDefaults) {
       {"DEEPINFER_LOG", k.log_level},
       {"DEEPINFER_DECODE_LAYOUT", k.decode_layout ? "on" : "off"},
       {"DEEPINFER_BATCH_INVARIANT", k.batch_invariant ? "on" : "off"},
+      {"DEEPINFER_AMX", k.amx ? "on" : "off"},
       {"DEEPINFER_PIN_RANKS", k.pin_ranks ? "on" : "off"},
       {"DEEPINFER_LOAD", k.load}};
   for (const KnobDoc& d : knob_docs()) {
@@ -93,6 +97,7 @@ TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
       {"DEEPINFER_KERNELS", {"host", "cpu"}},
       {"DEEPINFER_DECODE_LAYOUT", {"on", "off"}},
       {"DEEPINFER_BATCH_INVARIANT", {"on", "off"}},
+      {"DEEPINFER_AMX", {"on", "off"}},
       {"DEEPINFER_PIN_RANKS", {"on", "off"}},
       {"DEEPINFER_LOAD", {"mmap", "bucket", "auto"}},
       {"DEEPINFER_LOG", {"debug", "info", "warn", "error"}},
@@ -210,7 +215,7 @@ TEST(Env, KnobDocsListExactlyTheKnobsTheParserReads) {
     EXPECT_NE(std::string(d.meaning), "") << d.name;
   }
   EXPECT_EQ(read, documented);
-  EXPECT_EQ(documented.size(), 17u);
+  EXPECT_EQ(documented.size(), 18u);
 }
 
 TEST(Env, UnknownDeepinferVariablesAreRejected) {

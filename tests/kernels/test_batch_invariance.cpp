@@ -29,7 +29,7 @@ namespace {
 using testing::random_bf16;
 using testing::random_f32;
 
-const int64_t kMs[] = {2, 3, 8, 9, 16, 33, 64, 130};
+const int64_t kMs[] = {2, 3, 8, 9, 16, 17, 33, 64, 130};
 constexpr int64_t kPool = 160;  // distinct input rows to draw from
 
 // Output bytes of each row, for the pool rows `ids` computed in one call.
@@ -136,6 +136,15 @@ void gemm_fp8_case(const Fp8GemmCase& c) {
 
 TEST(BatchInvariance, GemmFp8DecodeLayout) {
   if (decode_layout_bytes(256, 512) == 0) GTEST_SKIP() << "no decode layout on this CPU";
+  gemm_fp8_case({.n = 288, .k = 512, .decode_layout = true, .f32_out = false});
+  gemm_fp8_case({.n = 200, .k = 256, .decode_layout = true, .f32_out = true});
+  gemm_fp8_case({.n = 200, .k = 384, .decode_layout = true, .f32_out = true, .wide = true});
+}
+
+TEST(BatchInvariance, GemmFp8DecodeLayoutAmx) {  // 16-row tiles: M = 17, 33, 130 span several
+  if (!cpu::cpu_has_amx()) GTEST_SKIP() << "no AMX-BF16 on this CPU (or the OS refused it)";
+  const cpu::ScopedAmx amx(true);
+  ASSERT_TRUE(cpu::amx_fp8_active());
   gemm_fp8_case({.n = 288, .k = 512, .decode_layout = true, .f32_out = false});
   gemm_fp8_case({.n = 200, .k = 256, .decode_layout = true, .f32_out = true});
   gemm_fp8_case({.n = 200, .k = 384, .decode_layout = true, .f32_out = true, .wide = true});

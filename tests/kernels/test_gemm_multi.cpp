@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -25,11 +26,13 @@ struct Shape {
   bool decode_layout;
 };
 
-// Decode layout shapes of M = 1..8, M > 8 (8-row chunks when batch invariant, the prefill kernel
-// otherwise), M = 0, and row-layout shapes (k % 128 != 0, or no layout given) between them.
+// Decode layout shapes of M = 1..8, M > 8 (8-row chunks when batch invariant, 16-row tiles on AMX,
+// the prefill kernel otherwise), M = 0, and row-layout shapes (k % 128 != 0, or no layout given)
+// between them.
 const Shape kShapes[] = {{1, 256, 512, true}, {3, 200, 256, true},  {2, 130, 300, false},
                          {8, 96, 384, true},  {13, 160, 256, true}, {0, 64, 256, true},
-                         {5, 64, 256, false}, {1, 100, 128, true},  {20, 64, 128, false}};
+                         {5, 64, 256, false}, {1, 100, 128, true},  {20, 64, 128, false},
+                         {37, 96, 256, true}};
 
 struct Problem {
   testing::Fp8Rows a, w;
@@ -72,9 +75,16 @@ struct DecodeMode {
 };
 
 TEST(GemmFp8Multi, EachProblemGetsTheBytesOfItsOwnCall) {
-  for (auto mode : {cpu::DecodeGemm::automatic, cpu::DecodeGemm::invariant, cpu::DecodeGemm::rows,
-                    cpu::DecodeGemm::generic}) {
+  // The modes, then (mode 4) the decode layout on AMX tiles where the CPU has them.
+  const int modes = cpu::cpu_has_amx() ? 5 : 4;
+  for (int mi = 0; mi < modes; ++mi) {
+    const auto mode = mi < 4
+                          ? std::array{cpu::DecodeGemm::automatic, cpu::DecodeGemm::invariant,
+                                       cpu::DecodeGemm::rows, cpu::DecodeGemm::generic}[size_t(mi)]
+                          : cpu::DecodeGemm::invariant;
     const DecodeMode use(mode);
+    const cpu::ScopedAmx amx(mi == 4);
+    if (mi == 4) ASSERT_TRUE(cpu::amx_fp8_active());
     std::vector<Problem> ps = make_problems();
     std::vector<GemmFp8Params> params;
     for (Problem& p : ps) params.push_back(p.params(p.out.data()));
@@ -84,8 +94,8 @@ TEST(GemmFp8Multi, EachProblemGetsTheBytesOfItsOwnCall) {
       std::vector<bf16> alone(p.out.size()), host(p.out.size());
       cpu::gemm_fp8(p.params(alone.data()));
       host::gemm_fp8(p.params(host.data()));
-      const std::string what = "mode " + std::to_string(int(mode)) + " problem " +
-                               std::to_string(i) + " m=" + std::to_string(p.a.rows) +
+      const std::string what = (mi == 4 ? "amx mode " : "mode ") + std::to_string(int(mode)) +
+                               " problem " + std::to_string(i) + " m=" + std::to_string(p.a.rows) +
                                " n=" + std::to_string(p.w.rows) + " k=" + std::to_string(p.a.k);
       EXPECT_EQ(std::memcmp(p.out.data(), alone.data(), p.elems() * sizeof(bf16)), 0)
           << what << ": differs from gemm_fp8 of the problem alone";

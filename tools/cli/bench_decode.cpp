@@ -32,6 +32,7 @@
 #include "command.h"
 #include "core/check.h"
 #include "core/env.h"
+#include "kernels/cpu/gemm_args.h"
 #include "kernels/profiler.h"
 #include "kernels/testing/bench.h"
 #include "model/safetensors.h"
@@ -140,6 +141,9 @@ int run_bench_decode(BenchDecodeCli o) {
   const double bw_gbps = ctx.read_gbps(kernels::testing::kReadPassBytes);
   const double peak_gflops = ctx.fma_peak_gflops();
   const double bf16_dot_gflops = ctx.bf16_dot_peak_gflops();
+  // DEEPINFER_AMX=on: the fp8 GEMMs run TDPBF16PS (the bf16 ones, the LM head among them, still
+  // VDPBF16PS), whose peak is then their limit.
+  const double amx_gflops = kernels::cpu::amx_fp8_active() ? ctx.amx_peak_gflops() : 0.0;
   const int64_t max_batch = *std::max_element(o.batch.begin(), o.batch.end());
   constexpr int64_t kDecodePrompt = 16;
 
@@ -195,6 +199,10 @@ int run_bench_decode(BenchDecodeCli o) {
       if (bf16_dot_gflops > 0) {
         a.extra["bf16_dot_peak_gflops"] = bf16_dot_gflops;
         a.extra["ratio_bf16_dot_peak"] = pre_flops / pre_s / 1e9 / bf16_dot_gflops;
+      }
+      if (amx_gflops > 0) {
+        a.extra["amx_peak_gflops"] = amx_gflops;
+        a.extra["ratio_amx_peak"] = pre_flops / pre_s / 1e9 / amx_gflops;
       }
       ctx.emit(a);
     }
@@ -283,7 +291,13 @@ int run_bench_decode(BenchDecodeCli o) {
                             double(2 * cfg.kv_lora_rank + cfg.qk_rope_head_dim) * ctx_len;
         d.flops = double(B) * (linear_flops_per_token(cfg) + attn);
         const double peak = bf16_dot_gflops > 0 ? bf16_dot_gflops : peak_gflops;
-        const double read_s = bytes / (bw_gbps * 1e9), compute_s = d.flops / (peak * 1e9);
+        double compute_s = d.flops / (peak * 1e9);
+        if (amx_gflops > 0) {  // the head at the BF16-dot peak, the rest (fp8 GEMMs) at AMX's
+          const double head = double(B) * 2.0 * double(cfg.hidden_size) * double(cfg.vocab_size);
+          compute_s = head / (peak * 1e9) + (d.flops - head) / (amx_gflops * 1e9);
+          d.extra["amx_peak_gflops"] = amx_gflops;
+        }
+        const double read_s = bytes / (bw_gbps * 1e9);
         d.extra["compute_peak_gflops"] = peak;
         d.extra["compute_ratio"] = compute_s / step_s;
         d.extra["roofline_ratio"] = std::max(read_s, compute_s) / step_s;

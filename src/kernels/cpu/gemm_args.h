@@ -48,6 +48,23 @@ bool takes_decode_layout_chunked(const GemmArgs& g);
 void run_decode_layout_multi(std::span<const GemmArgs> problems);
 // AVX512-VBMI and AVX512-BF16 (VDPBF16PS): what the decode layout needs.
 bool cpu_has_bf16_dot();
+// That, AMX-TILE and AMX-BF16, and the OS lets this process use the tiles.
+bool cpu_has_amx();
+// Whether the decode layout kernel takes AMX tile products (TDPBF16PS) for every M: DEEPINFER_AMX
+// (default off) until set_amx_fp8 (tests, benches) says otherwise, on a CPU with it
+// (cpu_has_amx), under DecodeGemm automatic or invariant. Its rows sum in TDPBF16PS's order, not
+// VDPBF16PS's (docs/numerics.md §10).
+bool amx_fp8_active();
+// Asks for AMX (or not) from now on; returns what was asked before.
+bool set_amx_fp8(bool on);
+// Asks for AMX in a scope (tests, benches), then restores what was asked before.
+struct ScopedAmx {
+  explicit ScopedAmx(bool on) : was(set_amx_fp8(on)) {}
+  ~ScopedAmx() { set_amx_fp8(was); }
+  ScopedAmx(const ScopedAmx&) = delete;
+  ScopedAmx& operator=(const ScopedAmx&) = delete;
+  bool was;
+};
 // Whether bf16 GEMM rows sum with VDPBF16PS (bf16_dot_rows): the CPU has it and DecodeGemm is not
 // generic. Then every M <= kSmallM row, and in the batch-invariant mode every row, takes it.
 bool bf16_dot_gemm();

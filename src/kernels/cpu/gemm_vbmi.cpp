@@ -36,13 +36,18 @@ bool batch_invariant_knob() { return knobs().batch_invariant; }
 }  // namespace deepinfer::kernels::cpu
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace deepinfer::kernels::cpu {
 namespace {
 
 #define DI_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 #define DI_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16")))
+#define DI_AMX_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16,amx-tile,amx-bf16")))
 
 // bf16 code of each e4m3 magnitude (0..127); 0x7f, NaN, decodes as 480 like the generic decoder.
 struct Tables {
@@ -349,6 +354,144 @@ DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p
   }
 }
 
+// AMX-TILE and AMX-BF16 in CPUID, their state enabled by the OS (XCR0 bits 17, 18), and this
+// process allowed to use the tile data (Linux asks each process to request it: arch_prctl).
+bool cpu_has_amx_bf16() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return false;  // AMX-BF16, AMX-TILE
+    uint32_t xlo = 0, xhi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
+
+// DEEPINFER_AMX until set_amx_fp8 says otherwise: -1 unread, 0 off, 1 on.
+std::atomic<int> g_amx{-1};
+
+// Whether the decode layout kernel runs on AMX now: asked for (DEEPINFER_AMX, set_amx_fp8), the
+// CPU has it (and AVX512-BF16 for the decode), and DecodeGemm is automatic or invariant.
+bool amx_fp8() {
+  int want = g_amx.load(std::memory_order_relaxed);
+  if (want < 0) g_amx = want = knobs().amx ? 1 : 0;
+  const DecodeGemm mode = g_decode_gemm;
+  return want == 1 && (mode == DecodeGemm::automatic || mode == DecodeGemm::invariant) &&
+         cpu_has_bf16_dot() && cpu_has_amx_bf16();
+}
+
+// Rows per AMX tile.
+constexpr int64_t kAmxRows = 16;
+
+// ---- AMX: the decode layout through tile products -----------------------------------------------
+// The same panels, decoded by the same table lookups, but the products run on the tile unit: per
+// 32 K, a panel group's 16 decoded rows (lane i of b0/b1 is column i's K pair, which is TDPBF16PS's
+// B layout) go to memory and into a tile, and one TDPBF16PS multiplies them with up to 16
+// activation rows (the A tile: the bf16 rows in K order, read in place). Its cost hardly depends on
+// the row count, so 4 or 16 rows cost about what one does (VDPBF16PS: one instruction per row per
+// 32 products); one row is also faster, the decode no longer sharing its ports with the dots.
+// Each 128-block's partial (four TDPBF16PS into a zeroed tile) is scaled into the accumulator as in
+// PanelRange. TDPBF16PS rounds its sums in its own way (docs/numerics.md §10), the same for every
+// row count, so batch invariance holds by taking it at every M.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Decoded 32-K sub-blocks in flight: sub-block s is decoded into ring slot s % kAmxRing while the
+// tile unit takes sub-block s - kAmxLag, so a tile load never waits for the stores just made.
+constexpr int64_t kAmxRing = 4, kAmxLag = 2;
+
+// The A and C row count the tiles of this thread are configured for (0: not configured).
+thread_local int64_t tile_rows = 0;
+
+// Panels [p0, p1) of g (g.m <= 16 rows; act: its bf16 rows, row stride g.k).
+DI_AMX_TARGET void PanelRangeAmx(const GemmArgs& g, const uint16_t* act, int64_t p0, int64_t p1) {
+  const int64_t M = g.m, K = g.k, kbs = K / 128, subs = K / 32;
+  if (tile_rows != M) {
+    TileConfig cfg;
+    for (int t : {0, 1, 2}) {  // C (group 0, group 1) and A: M rows of 16 f32 / 32 bf16
+      cfg.rows[t] = uint8_t(M);
+      cfg.colsb[t] = 64;
+    }
+    for (int t : {3, 4}) {  // B (group 0, group 1): 16 K pairs × 16 columns
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    tile_rows = M;
+  }
+  const Decoder dec;
+  alignas(64) uint16_t ring[kAmxRing][2][16 * 32];
+  alignas(64) float part[2][16][16];
+  alignas(64) float acc[2][16][16];
+  const int64_t total = (p1 - p0) * subs;
+  for (int64_t s = 0; s < total + kAmxLag; ++s) {
+    if (s < total) {  // decode sub-block s: chunks 8t .. 8t + 7 of both groups, 1 KiB in a row
+      const int64_t panel = p0 + s / subs, t = s % subs;
+      const uint8_t* src = g.w_decode + size_t(panel) * panel_bytes(K) + size_t(t) * 1024;
+      for (int64_t l = 0; l < 1024; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchAhead + l), _MM_HINT_T0);
+      uint16_t(*dst)[16 * 32] = ring[s % kAmxRing];
+      for (int64_t c = 0; c < 8; ++c)
+        for (int64_t grp = 0; grp < 2; ++grp) {
+          __m512i b0, b1;
+          dec.decode_bf16(src + (2 * c + grp) * 64, b0, b1);
+          _mm512_store_si512(dst[grp] + 64 * c, b0);
+          _mm512_store_si512(dst[grp] + 64 * c + 32, b1);
+        }
+    }
+    if (s < kAmxLag) continue;
+    const int64_t q = s - kAmxLag, panel = p0 + q / subs, t = q % subs, kb = t / 4;
+    if (t % 4 == 0) {
+      _tile_zero(0);
+      _tile_zero(1);
+    }
+    _tile_loadd(2, act + 32 * t, K * 2);
+    _tile_loadd(3, ring[q % kAmxRing][0], 64);
+    _tile_loadd(4, ring[q % kAmxRing][1], 64);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+    if (t % 4 != 3) continue;
+    _tile_stored(0, part[0], 64);
+    _tile_stored(1, part[1], 64);
+    const float sw = g.w_scales[(panel * kPanel / 128) * kbs + kb];
+    for (int64_t r = 0; r < M; ++r) {
+      const __m512 sc = _mm512_set1_ps(g.a_scales[r * kbs + kb] * sw);
+      for (int64_t grp = 0; grp < 2; ++grp) {
+        const __m512 prev = kb == 0 ? _mm512_setzero_ps() : _mm512_load_ps(acc[grp][r]);
+        _mm512_store_ps(acc[grp][r], _mm512_fmadd_ps(_mm512_load_ps(part[grp][r]), sc, prev));
+      }
+    }
+    if (kb != kbs - 1) continue;
+    const int64_t j0 = panel * kPanel, nj = std::min(kPanel, g.n - j0);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < nj; ++c) {
+        const float v = acc[c / 16][r][c % 16];
+        if (g.out)
+          g.out[r * g.n + j0 + c] = f32_to_bf16(v);
+        else
+          g.out_f32[r * g.n + j0 + c] = v;
+      }
+  }
+}
+
+// Ends this thread's use of the tiles (a thread holding tile state costs 8 KiB more per context
+// switch); the next PanelRangeAmx configures them again.
+DI_AMX_TARGET void release_tiles() {
+  if (tile_rows == 0) return;
+  _tile_release();
+  tile_rows = 0;
+}
+
 // The prefill kernel's f32 weight panel [kk < 128][32] for one decode-layout panel and one K block:
 // a lane of b0 holds K (4c, 4c+1) of its column as a bf16 pair, so the even K is the pair shifted
 // up and the odd one the pair masked (both exact f32).
@@ -373,34 +516,42 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
   }
 }
 
-// Panels [p0, p1) of g for all its rows, in kSmallM-row chunks (M > kSmallM: the batch-invariant
-// mode) that take a few panels at a time, so the chunks after the first find those panels' weights
-// in L2 instead of streaming the matrix from memory once per chunk. a: g's activations [m, k].
+// Panels [p0, p1) of g for all its rows, in chunks of kSmallM rows (AMX: 16) that take a few panels
+// at a time, so the chunks after the first find those panels' weights in L2 instead of streaming
+// the matrix from memory once per chunk. a: g's activations [m, k].
 DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t p0, int64_t p1) {
+  const bool amx = amx_fp8();
+  const int64_t rows = amx ? kAmxRows : kSmallM;
   const int64_t group = std::max<int64_t>(1, (int64_t(256) << 10) / int64_t(panel_bytes(g.k)));
   for (int64_t p = p0; p < p1; p += group) {
     const int64_t pe = std::min(p1, p + group);
-    for (int64_t r = 0; r < g.m; r += kSmallM) {
-      const GemmArgs c = fp8_row_slice(g, r, std::min(kSmallM, g.m - r));
-      with_rows(c.m, [&]<int MM>() { PanelRange<MM>(c, a + r * g.k, p, pe); });
+    for (int64_t r = 0; r < g.m; r += rows) {
+      const GemmArgs c = fp8_row_slice(g, r, std::min(rows, g.m - r));
+      if (amx)
+        PanelRangeAmx(c, a + r * g.k, p, pe);
+      else
+        with_rows(c.m, [&]<int MM>() { PanelRange<MM>(c, a + r * g.k, p, pe); });
     }
   }
 }
+
+// The pool's work units for one panel of a problem of m rows: about its cost, so the threads of a
+// MoE layer's call, whose experts have 1..B rows, get equal work. VDPBF16PS: per 128 weight bytes
+// ten decode instructions and six per row; AMX: the decode and about one tile product per 16 rows.
+int64_t panel_units(int64_t m) { return amx_fp8() ? 3 * ((m + kAmxRows - 1) / kAmxRows) : m + 2; }
 
 // Every problem's activations as bf16 pairs, then one pool dispatch over the panels of all of them
 // (problem i owns panels [first[i], first[i + 1])).
 DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
   thread_local std::vector<uint16_t> act;
   thread_local std::vector<int64_t> first, act_at;
-  // The pool splits work units, not panels: a panel of a problem with m rows costs about m + 2
-  // units (per 128 weight bytes, ten decode instructions and six per row), so the threads of a
-  // MoE layer's call, whose experts have 1..B rows, get equal work (with equal panel counts the
-  // one holding the many-row experts ran last, and the other waited).
+  // The pool splits work units (panel_units), not panels: with equal panel counts the thread
+  // holding a MoE layer's many-row experts ran last, and the other waited.
   first.assign(1, 0);
   act_at.clear();
   int64_t elems = 0;
   for (const GemmArgs& g : gs) {
-    first.push_back(first.back() + (g.n + kPanel - 1) / kPanel * (g.m + 2));
+    first.push_back(first.back() + (g.n + kPanel - 1) / kPanel * panel_units(g.m));
     act_at.push_back(elems);
     elems += g.m * g.k;
   }
@@ -415,11 +566,12 @@ DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
   auto body = [&](int64_t u0, int64_t u1) {
     size_t i = size_t(std::upper_bound(start, start + count + 1, u0) - start) - 1;
     for (; u0 < u1; ++i) {
-      const int64_t hi = std::min(u1, start[i + 1]), w = gs[i].m + 2;
+      const int64_t hi = std::min(u1, start[i + 1]), w = panel_units(gs[i].m);
       const int64_t p0 = (u0 - start[i] + w - 1) / w, p1 = (hi - start[i] + w - 1) / w;
       if (p1 > p0) PanelsAllRows(gs[i], acts + at[i], p0, p1);
       u0 = hi;
     }
+    release_tiles();
   };
   const int64_t units = start[count], threads = kernel_pool().num_threads();
   kernel_pool().parallel_for(units, std::max<int64_t>(1, units / (4 * threads)), body);
@@ -455,8 +607,6 @@ bool cpu_has_vbmi() {
                          __builtin_cpu_supports("avx512vbmi");
   return ok;
 }
-
-std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
 // How VDPBF16PS adds a lane's two products (a bf16 pair of K, 2i and 2i + 1) to its accumulator:
 // one after the other, each rounded as an FMA would (odd K first, as Intel's manual writes it and
@@ -498,6 +648,14 @@ bool cpu_has_bf16_dot() {
 
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
+bool cpu_has_amx() { return cpu_has_bf16_dot() && cpu_has_amx_bf16(); }
+bool set_amx_fp8(bool on) {
+  const bool was = g_amx.load() < 0 ? knobs().amx : g_amx.load() == 1;
+  g_amx = on ? 1 : 0;
+  return was;
+}
+bool amx_fp8_active() { return amx_fp8(); }
+
 bool small_m_invariant() {
   const DecodeGemm mode = g_decode_gemm;
   return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());
@@ -513,7 +671,8 @@ bool vbmi_decode_fits(const GemmArgs& g) {
 
 bool takes_decode_layout(const GemmArgs& g) {
   if (!vbmi_decode_fits(g) || !g.w_decode || !cpu_has_bf16_dot()) return false;
-  if (small_m_invariant()) {  // the prefill kernel's order (invariant_pairs_swapped)
+  if (amx_fp8()) return true;  // one kernel for every M: invariant by itself
+  if (small_m_invariant()) {   // the prefill kernel's order (invariant_pairs_swapped)
     const DotOrder order = dot_order();
     return order == DotOrder::even_first || order == DotOrder::odd_first;
   }
@@ -609,6 +768,9 @@ namespace {
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 }
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
+bool cpu_has_amx() { return false; }
+bool set_amx_fp8(bool) { return false; }
+bool amx_fp8_active() { return false; }
 bool small_m_invariant() {
   const DecodeGemm mode = g_decode_gemm;
   return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());

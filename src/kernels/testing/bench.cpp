@@ -115,8 +115,41 @@ __attribute__((target("avx512f,avx512bf16"))) double Bf16DotLoop(int64_t iters, 
   *sink += t[0];
   return double(iters) * 12.0 * 64.0;
 }
+
+// `iters` rounds of 4 independent TDPBF16PS into 4 accumulator tiles (16 × 16 f32, K = 32 bf16:
+// 16384 flops each, counted as Bf16DotLoop counts). The caller has checked cpu::cpu_has_amx().
+__attribute__((target("avx512f,avx512bf16,amx-tile,amx-bf16"))) double AmxDotLoop(int64_t iters,
+                                                                                  float* sink) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16};
+  } cfg;
+  alignas(64) uint16_t a[16 * 32], b[16 * 32];
+  std::fill(std::begin(a), std::end(a), uint16_t(0x3f80));
+  std::fill(std::begin(b), std::end(b), uint16_t(0x33d6));
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, b, 64);
+  for (int64_t i = 0; i < iters / 16; ++i) {  // a tile product does 16× a VDPBF16PS's flops
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  alignas(64) float c[16 * 16];
+  _tile_stored(0, c, 64);
+  _tile_release();
+  *sink += c[0];
+  return double(iters / 16) * 4.0 * 16384.0;
+}
 #else
 double Bf16DotLoop(int64_t, float*) { return 0.0; }
+double AmxDotLoop(int64_t, float*) { return 0.0; }
 #endif
 
 // Runs loop(iters, sink) on every pool thread at once; returns the total GFLOP/s.
@@ -226,6 +259,11 @@ double BenchContext::bf16_dot_peak_gflops() {
   if (bf16_dot_cache < 0)
     bf16_dot_cache = cpu::cpu_has_bf16_dot() ? peak_gflops(*this, &Bf16DotLoop) : 0.0;
   return bf16_dot_cache;
+}
+
+double BenchContext::amx_peak_gflops() {
+  if (amx_cache < 0) amx_cache = cpu::cpu_has_amx() ? peak_gflops(*this, &AmxDotLoop) : 0.0;
+  return amx_cache;
 }
 
 void BenchContext::emit(const BenchRecord& r) {

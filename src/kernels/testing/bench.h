@@ -55,12 +55,16 @@ struct BenchContext {
   // BF16 dot-product peak (GFLOP/s, VDPBF16PS: 64 flops each) on every pool thread; 0 where the CPU
   // cannot run the decode layout (cpu::cpu_has_bf16_dot).
   double bf16_dot_peak_gflops();
+  // AMX BF16 tile-product peak (GFLOP/s, TDPBF16PS on 16 × 16 × 32 tiles) on every pool thread; 0
+  // where the CPU or the OS has no AMX (cpu::cpu_has_amx).
+  double amx_peak_gflops();
   // Prints `r` as one JSON line to stdout.
   void emit(const BenchRecord& r);
 
   std::map<size_t, double> read_cache, memcpy_cache;
   double fma_cache = 0;
   double bf16_dot_cache = -1;
+  double amx_cache = -1;
 };
 
 using BenchFn = int (*)(BenchContext& ctx);  // returns the number of failed correctness checks

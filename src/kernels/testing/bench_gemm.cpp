@@ -135,6 +135,14 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       cpu::set_decode_gemm(DecodeGemm::rows);
       const double s_rows = ctx.time(call, 9, 0.3);
       cpu::set_decode_gemm(DecodeGemm::automatic);
+      // The decode layout on the other tile product: AMX where the default is VDPBF16PS, and the
+      // reverse under DEEPINFER_AMX=on (0 where the CPU has no AMX).
+      double s_other = 0;
+      if (decode_layout && cpu::cpu_has_amx()) {
+        const cpu::ScopedAmx other(!cpu::amx_fp8_active());
+        for (int i = 0; i < 20; ++i) call();
+        s_other = ctx.time(call, 9, 0.3);
+      }
       const double s_warm = ctx.time([&] { gemm_fp8(ps[0]); }, 9, 0.3);
       const double s = ctx.time(call, 9, 0.3);
       gemm_fp8(ps[0]);
@@ -166,6 +174,8 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
                               {"weight_copies", double(copies)},
                               {"ratio_cache_warm", wbytes / s_warm / 1e9 / limit_warm},
                               {"speedup_vs_rows", s_rows / s},
+                              {"amx", cpu::amx_fp8_active() ? 1.0 : 0.0},
+                              {"speedup_vs_other_tile_product", s_other > 0 ? s_other / s : 0.0},
                               {"speedup_vs_generic", s_generic / s}}};
       ctx.emit(r);
     }
