@@ -42,11 +42,11 @@ constexpr std::array<KnobDoc, 18> kKnobDocs{{
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
      "decode and prefill GEMMs read"},
-    {"DEEPINFER_AMX", "on, off", "off",
+    {"DEEPINFER_AMX", "on, off", "on",
      "cpu kernels on CPUs with AMX-BF16: fp8 GEMMs on the decode layout take AMX tile products "
-     "(TDPBF16PS) at every M: prefill and batched decode faster, one-sequence decode slower "
-     "(docs/performance.md §8); they round differently from VDPBF16PS, so logits differ in the "
-     "last bits between the two settings (docs/numerics.md §10)"},
+     "(TDPBF16PS) at every M (prefill and batched decode much faster, docs/performance.md §8); "
+     "they round differently from VDPBF16PS, so logits can differ in the last bits between the "
+     "two settings (docs/numerics.md §10)"},
     {"DEEPINFER_BATCH_INVARIANT", "on, off", "on",
      "cpu kernels: GEMMs sum a row in one order for every M, so a request's tokens do not depend "
      "on what shares its batch or how its prompt is chunked (docs/numerics.md §10); off: decode "

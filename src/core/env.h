@@ -27,7 +27,7 @@ struct Knobs {
   std::string ep_peer_memory = "auto";  // DEEPINFER_EP_PEER_MEMORY = on|off|auto
   std::string kernels = "cpu";          // DEEPINFER_KERNELS = host|cpu
   bool decode_layout = true;            // DEEPINFER_DECODE_LAYOUT = on|off
-  bool amx = false;                     // DEEPINFER_AMX = on|off
+  bool amx = true;                      // DEEPINFER_AMX = on|off
   bool batch_invariant = true;          // DEEPINFER_BATCH_INVARIANT = on|off
   int threads = 0;                      // DEEPINFER_THREADS (0 = hardware threads)
   bool pin_ranks = true;                // DEEPINFER_PIN_RANKS = on|off

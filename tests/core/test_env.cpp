@@ -49,8 +49,8 @@ TEST(Env, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(parse({{"DEEPINFER_DECODE_LAYOUT", "on"}}).decode_layout);
   EXPECT_TRUE(k.batch_invariant);
   EXPECT_FALSE(parse({{"DEEPINFER_BATCH_INVARIANT", "off"}}).batch_invariant);
-  EXPECT_FALSE(k.amx);
-  EXPECT_TRUE(parse({{"DEEPINFER_AMX", "on"}}).amx);
+  EXPECT_TRUE(k.amx);
+  EXPECT_FALSE(parse({{"DEEPINFER_AMX", "off"}}).amx);
   EXPECT_THROW(parse({{"DEEPINFER_AMX", "yes"}}), Error);
   EXPECT_EQ(k.ep_peer_memory, "auto");
   EXPECT_EQ(k.fault, "");

@@ -51,7 +51,7 @@ bool cpu_has_bf16_dot();
 // That, AMX-TILE and AMX-BF16, and the OS lets this process use the tiles.
 bool cpu_has_amx();
 // Whether the decode layout kernel takes AMX tile products (TDPBF16PS) for every M: DEEPINFER_AMX
-// (default off) until set_amx_fp8 (tests, benches) says otherwise, on a CPU with it
+// (default on) until set_amx_fp8 (tests, benches) says otherwise, on a CPU with it
 // (cpu_has_amx), under DecodeGemm automatic or invariant. Its rows sum in TDPBF16PS's order, not
 // VDPBF16PS's (docs/numerics.md §10).
 bool amx_fp8_active();

@@ -438,13 +438,16 @@ DI_AMX_TARGET void PanelRangeAmx(const GemmArgs& g, const uint16_t* act, int64_t
     if (s < total) {  // decode sub-block s: chunks 8t .. 8t + 7 of both groups, 1 KiB in a row
       const int64_t panel = p0 + s / subs, t = s % subs;
       const uint8_t* src = g.w_decode + size_t(panel) * panel_bytes(K) + size_t(t) * 1024;
-      for (int64_t l = 0; l < 1024; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchAhead + l), _MM_HINT_T0);
       uint16_t(*dst)[16 * 32] = ring[s % kAmxRing];
       for (int64_t c = 0; c < 8; ++c)
         for (int64_t grp = 0; grp < 2; ++grp) {
+          // One prefetch per line decoded, spread over the sub-block as PanelRange spreads them:
+          // sixteen at its start made batch-1 decode 10-17% slower than VDPBF16PS, spread it is
+          // 2-3% faster (docs/performance.md §8).
+          const uint8_t* line = src + (2 * c + grp) * 64;
+          _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchAhead), _MM_HINT_T0);
           __m512i b0, b1;
-          dec.decode_bf16(src + (2 * c + grp) * 64, b0, b1);
+          dec.decode_bf16(line, b0, b1);
           _mm512_store_si512(dst[grp] + 64 * c, b0);
           _mm512_store_si512(dst[grp] + 64 * c + 32, b1);
         }
