@@ -38,7 +38,7 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
   // Every cpu path this CPU has: the row layout (decode shapes: AVX512-VBMI where present), the
   // decode layout (AVX512-BF16: decode shapes, and the prefill kernel's weight panels), for
   // decode shapes the generic Highway kernel, and the batch-invariant mode with and without the
-  // decode layout, and with it on AMX where the CPU has AMX.
+  // decode layout, and with it on both tile products (AMX, VDPBF16PS) where the CPU has AMX.
   std::vector<uint8_t> w_decode(decode_layout_bytes(n, k));
   if (!w_decode.empty()) pack_decode_layout(w.q.data(), n, k, w_decode.data());
   const auto run_mode = [&](cpu::DecodeGemm mode, bool packed) {
@@ -54,8 +54,8 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
   if (r.pass && m <= cpu::kSmallM) r = run_mode(DecodeGemm::generic, false);
   if (r.pass) r = run_mode(DecodeGemm::invariant, false);
   if (r.pass && !w_decode.empty()) r = run_mode(DecodeGemm::invariant, true);
-  if (r.pass && !w_decode.empty() && cpu::cpu_has_amx()) {  // the decode layout on AMX tiles
-    const cpu::ScopedAmx amx(true);
+  if (r.pass && !w_decode.empty() && cpu::cpu_has_amx()) {  // the other tile product: VDPBF16PS
+    const cpu::ScopedAmx other(!cpu::amx_fp8_active());     // where AMX is the default, and back
     r = run_mode(DecodeGemm::invariant, true);
   }
   return r;
