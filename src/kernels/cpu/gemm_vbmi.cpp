@@ -3,6 +3,8 @@
 //    columns × 4 K (`pack_decode_layout`). A vector lane is an output column, so BF16 dot products
 //    (VDPBF16PS, 32 products per instruction) against one broadcast activation pair accumulate
 //    straight into the outputs: no horizontal sums, and each broadcast feeds two 16-column groups.
+//    Where the CPU has AMX-BF16 (DEEPINFER_AMX, on by default) the same layout and decode feed
+//    TDPBF16PS tile products instead, at every M (PanelRangeAmx, below).
 //  - the checkpoint's row layout, f32 FMAs over 128-wide K blocks, described next.
 // Decode streams the weights once, so the per-byte decode cost decides the speed: an e4m3 code
 // becomes bf16 (exact: 4 exponent and 3 mantissa bits fit) through two 128-entry byte lookups
