@@ -84,7 +84,9 @@ TEST(GemmFp8Multi, EachProblemGetsTheBytesOfItsOwnCall) {
                           : cpu::DecodeGemm::invariant;
     const DecodeMode use(mode);
     const cpu::ScopedAmx amx(mi == 4);
-    if (mi == 4) ASSERT_TRUE(cpu::amx_fp8_active());
+    if (mi == 4) {
+      ASSERT_TRUE(cpu::amx_fp8_active());
+    }
     std::vector<Problem> ps = make_problems();
     std::vector<GemmFp8Params> params;
     for (Problem& p : ps) params.push_back(p.params(p.out.data()));
