@@ -409,8 +409,9 @@ struct alignas(64) TileConfig {
 };
 
 // Decoded 32-K sub-blocks in flight: sub-block s is decoded into ring slot s % kAmxRing while the
-// tile unit takes sub-block s - kAmxLag, so a tile load never waits for the stores just made.
-constexpr int64_t kAmxRing = 4, kAmxLag = 2;
+// tile unit takes sub-block s - kAmxLag, so a tile load never waits for the stores just made (a
+// lag of 1 beat 0 and 2 in whole decode steps: docs/performance.md §8).
+constexpr int64_t kAmxRing = 4, kAmxLag = 1;
 
 // The A and C row count the tiles of this thread are configured for (0: not configured).
 thread_local int64_t tile_rows = 0;
