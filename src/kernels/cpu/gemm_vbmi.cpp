@@ -378,14 +378,11 @@ std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 // DEEPINFER_AMX until set_amx_fp8 says otherwise: -1 unread, 0 off, 1 on.
 std::atomic<int> g_amx{-1};
 
-// Whether the decode layout kernel runs on AMX now: asked for (DEEPINFER_AMX, set_amx_fp8), the
-// CPU has it (and AVX512-BF16 for the decode), and DecodeGemm is automatic or invariant.
-bool amx_fp8() {
+// Whether AMX is asked for now (DEEPINFER_AMX, then set_amx_fp8).
+bool amx_requested() {
   int want = g_amx.load(std::memory_order_relaxed);
   if (want < 0) g_amx = want = knobs().amx ? 1 : 0;
-  const DecodeGemm mode = g_decode_gemm;
-  return want == 1 && (mode == DecodeGemm::automatic || mode == DecodeGemm::invariant) &&
-         cpu_has_bf16_dot() && cpu_has_amx_bf16();
+  return want == 1;
 }
 
 // Rows per AMX tile.
@@ -526,7 +523,7 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
 // at a time, so the chunks after the first find those panels' weights in L2 instead of streaming
 // the matrix from memory once per chunk. a: g's activations [m, k].
 DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t p0, int64_t p1) {
-  const bool amx = amx_fp8();
+  const bool amx = amx_fp8_active();
   const int64_t rows = amx ? kAmxRows : kSmallM;
   const int64_t group = std::max<int64_t>(1, (int64_t(256) << 10) / int64_t(panel_bytes(g.k)));
   for (int64_t p = p0; p < p1; p += group) {
@@ -544,7 +541,9 @@ DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t 
 // The pool's work units for one panel of a problem of m rows: about its cost, so the threads of a
 // MoE layer's call, whose experts have 1..B rows, get equal work. VDPBF16PS: per 128 weight bytes
 // ten decode instructions and six per row; AMX: the decode and about one tile product per 16 rows.
-int64_t panel_units(int64_t m) { return amx_fp8() ? 3 * ((m + kAmxRows - 1) / kAmxRows) : m + 2; }
+int64_t panel_units(int64_t m) {
+  return amx_fp8_active() ? 3 * ((m + kAmxRows - 1) / kAmxRows) : m + 2;
+}
 
 // Every problem's activations as bf16 pairs, then one pool dispatch over the panels of all of them
 // (problem i owns panels [first[i], first[i + 1])).
@@ -656,11 +655,15 @@ void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
 bool cpu_has_amx() { return cpu_has_bf16_dot() && cpu_has_amx_bf16(); }
 bool set_amx_fp8(bool on) {
-  const bool was = g_amx.load() < 0 ? knobs().amx : g_amx.load() == 1;
+  const bool was = amx_requested();
   g_amx = on ? 1 : 0;
   return was;
 }
-bool amx_fp8_active() { return amx_fp8(); }
+bool amx_fp8_active() {
+  const DecodeGemm mode = g_decode_gemm;
+  return amx_requested() && (mode == DecodeGemm::automatic || mode == DecodeGemm::invariant) &&
+         cpu_has_amx();
+}
 
 bool small_m_invariant() {
   const DecodeGemm mode = g_decode_gemm;
@@ -677,8 +680,8 @@ bool vbmi_decode_fits(const GemmArgs& g) {
 
 bool takes_decode_layout(const GemmArgs& g) {
   if (!vbmi_decode_fits(g) || !g.w_decode || !cpu_has_bf16_dot()) return false;
-  if (amx_fp8()) return true;  // one kernel for every M: invariant by itself
-  if (small_m_invariant()) {   // the prefill kernel's order (invariant_pairs_swapped)
+  if (amx_fp8_active()) return true;  // one kernel for every M: invariant by itself
+  if (small_m_invariant()) {          // the prefill kernel's order (invariant_pairs_swapped)
     const DotOrder order = dot_order();
     return order == DotOrder::even_first || order == DotOrder::odd_first;
   }
