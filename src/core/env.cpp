@@ -43,8 +43,9 @@ constexpr std::array<KnobDoc, 18> kKnobDocs{{
      "cpu kernels: copy each fp8 weight at load into the decode layout (+1 byte per weight) that "
      "decode and prefill GEMMs read"},
     {"DEEPINFER_AMX", "on, off", "on",
-     "cpu kernels on CPUs with AMX-BF16: fp8 GEMMs on the decode layout take AMX tile products "
-     "(TDPBF16PS) at every M (prefill and batched decode much faster, docs/performance.md §8); "
+     "cpu kernels on CPUs with AMX-BF16: fp8 GEMMs on the decode layout and bf16 GEMMs (K % 32 "
+     "== 0) take AMX tile products (TDPBF16PS) at every M (prefill, batched decode and MTP "
+     "verify much faster, docs/performance.md §8); "
      "they round differently from VDPBF16PS, so logits can differ in the last bits between the "
      "two settings (docs/numerics.md §10)"},
     {"DEEPINFER_BATCH_INVARIANT", "on, off", "on",

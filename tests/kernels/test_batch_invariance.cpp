@@ -145,7 +145,7 @@ TEST(BatchInvariance, GemmFp8DecodeLayout) {  // on VDPBF16PS, also where AMX is
 TEST(BatchInvariance, GemmFp8DecodeLayoutAmx) {  // 16-row tiles: M = 17, 33, 130 span several
   if (!cpu::cpu_has_amx()) GTEST_SKIP() << "no AMX-BF16 on this CPU (or the OS refused it)";
   const cpu::ScopedAmx amx(true);
-  ASSERT_TRUE(cpu::amx_fp8_active());
+  ASSERT_TRUE(cpu::amx_active());
   gemm_fp8_case({.n = 288, .k = 512, .decode_layout = true, .f32_out = false});
   gemm_fp8_case({.n = 200, .k = 256, .decode_layout = true, .f32_out = true});
   gemm_fp8_case({.n = 200, .k = 384, .decode_layout = true, .f32_out = true, .wide = true});
@@ -231,12 +231,25 @@ void gemm_bf16_case(int64_t n, int64_t k, bool f32_out) {
       "gemm_bf16 n=" + std::to_string(n) + " k=" + std::to_string(k));
 }
 
-TEST(BatchInvariance, GemmBf16) {
+void gemm_bf16_cases() {
   gemm_bf16_case(288, 512, false);
   gemm_bf16_case(130, 64, true);   // the absorbed-MLA shapes: k < 128
   gemm_bf16_case(32, 128, false);  // n < one panel
+  gemm_bf16_case(120, 96, false);  // AMX: a partial second 16-column tile at the matrix's end
   // 8·k f32 activations beyond L1's budget: column tiles (the last one partial) and a K edge
   gemm_bf16_case(100, 1000, true);
+}
+
+TEST(BatchInvariance, GemmBf16) {  // VDPBF16PS (else Highway), also where AMX is the default
+  const cpu::ScopedAmx vdpbf16ps(false);
+  gemm_bf16_cases();
+}
+
+TEST(BatchInvariance, GemmBf16Amx) {  // 16-row B tiles: M = 17, 33, 130 span several
+  if (!cpu::cpu_has_amx()) GTEST_SKIP() << "no AMX-BF16 on this CPU (or the OS refused it)";
+  const cpu::ScopedAmx amx(true);
+  ASSERT_TRUE(cpu::amx_bf16_gemm(512));
+  gemm_bf16_cases();
 }
 
 // ---- per-row elementwise kernels ----------------------------------------------------------------

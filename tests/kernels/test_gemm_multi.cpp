@@ -85,7 +85,7 @@ TEST(GemmFp8Multi, EachProblemGetsTheBytesOfItsOwnCall) {
     const DecodeMode use(mode);
     const cpu::ScopedAmx amx(mi == 4);
     if (mi == 4) {
-      ASSERT_TRUE(cpu::amx_fp8_active());
+      ASSERT_TRUE(cpu::amx_active());
     }
     std::vector<Problem> ps = make_problems();
     std::vector<GemmFp8Params> params;

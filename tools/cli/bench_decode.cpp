@@ -143,7 +143,7 @@ int run_bench_decode(BenchDecodeCli o) {
   const double bf16_dot_gflops = ctx.bf16_dot_peak_gflops();
   // DEEPINFER_AMX=on: the fp8 GEMMs run TDPBF16PS (the bf16 ones, the LM head among them, still
   // VDPBF16PS), whose peak is then their limit.
-  const double amx_gflops = kernels::cpu::amx_fp8_active() ? ctx.amx_peak_gflops() : 0.0;
+  const double amx_gflops = kernels::cpu::amx_active() ? ctx.amx_peak_gflops() : 0.0;
   const int64_t max_batch = *std::max_element(o.batch.begin(), o.batch.end());
   constexpr int64_t kDecodePrompt = 16;
 

@@ -179,6 +179,14 @@ int64_t PadBf16Rows(int64_t m, int64_t k, const RowAt& row,
 template <bool kBf16>
 void SmallMAll(const GemmArgs& g);
 
+// The AMX bf16 kernel's work units: kAmxCols output columns each (two column tiles).
+constexpr int64_t kAmxCols = 32;
+int64_t AmxGroups(int64_t n) { return (n + kAmxCols - 1) / kAmxCols; }
+// Units per task: ~4 tasks per thread.
+int64_t AmxGrain(int64_t n) {
+  return std::max<int64_t>(1, AmxGroups(n) / (4 * kernel_pool().num_threads()));
+}
+
 template <bool kBf16>
 void SmallM(const GemmArgs& g) {
   if (kBf16 && bf16_dot_gemm()) return SmallMAll<kBf16>(g);  // one BF16-dot path for every M
@@ -231,6 +239,15 @@ void SmallMChunksDot(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t 
 // kernel).
 template <bool kBf16>
 void SmallMAll(const GemmArgs& g) {
+  if (kBf16 && amx_bf16_gemm(g.k)) {
+    std::vector<uint32_t> pairs(amx_bf16_pairs_size(g.m, g.k));
+    amx_bf16_pack(g.m, g.k, static_cast<const uint16_t*>(g.a), g.k, pairs.data());
+    kernel_pool().parallel_for(AmxGroups(g.n), AmxGrain(g.n), [&](int64_t u0, int64_t u1) {
+      amx_bf16_columns(g, pairs.data(), u0 * kAmxCols, std::min(g.n, u1 * kAmxCols));
+      release_amx_tiles();
+    });
+    return;
+  }
   if (kBf16 && bf16_dot_gemm()) {
     hwy::AlignedFreeUniquePtr<uint16_t[]> a;
     const int64_t ld = PadBf16Rows(
@@ -256,8 +273,39 @@ void SmallMAll(const GemmArgs& g) {
 bool GemmBf16Batched(const GemmBf16Params& p) {
   if ((p.m > kSmallM && !small_m_invariant()) || p.k == 0) return false;
   if (p.m == 0 || p.n == 0 || p.batch == 0) return true;
+  const int64_t K = p.k, lda = p.row_a(), ldo = p.row_out();
+  // Problem b's GEMM (columns set by the caller).
+  const auto problem = [&](int64_t b) {
+    GemmArgs s{};
+    s.w = p.w + b * p.w_batch;
+    s.out = p.out ? p.out + b * p.out_batch : nullptr;
+    s.out_f32 = p.out_f32 ? p.out_f32 + b * p.out_batch : nullptr;
+    s.m = p.m;
+    s.n = p.n;
+    s.k = K;
+    s.bf16_inputs = true;
+    s.ldo = ldo;
+    return s;
+  };
+  if (amx_bf16_gemm(K)) {
+    const size_t each = amx_bf16_pairs_size(p.m, K);
+    std::vector<uint32_t> pairs(size_t(p.batch) * each);
+    for (int64_t b = 0; b < p.batch; ++b)
+      amx_bf16_pack(p.m, K, reinterpret_cast<const uint16_t*>(p.a + b * p.a_batch), lda,
+                    pairs.data() + size_t(b) * each);
+    const int64_t col_tasks = AmxGroups(p.n);
+    kernel_pool().parallel_for(p.batch * col_tasks, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / col_tasks, u = i % col_tasks;
+        amx_bf16_columns(problem(b), pairs.data() + size_t(b) * each, u * kAmxCols,
+                         std::min(p.n, (u + 1) * kAmxCols));
+      }
+      release_amx_tiles();
+    });
+    return true;
+  }
   const DF df;
-  const int64_t L = int64_t(hn::Lanes(df)), K = p.k, lda = p.row_a();
+  const int64_t L = int64_t(hn::Lanes(df));
   const bool dot = bf16_dot_gemm();
   std::vector<float> af(dot ? 0 : size_t(p.batch * p.m * K + L), 0.0f);
   hwy::AlignedFreeUniquePtr<uint16_t[]> ab;  // dot: every problem's rows, padded (PadBf16Rows)
@@ -272,19 +320,10 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
         DecodeRow<true>(p.a + b * p.a_batch + r * lda, af.data() + (b * p.m + r) * K, K);
   }
   const int64_t grain = SmallMGrain(p.n, p.m), col_tasks = (p.n + grain - 1) / grain;
-  const int64_t ldo = p.row_out();
   kernel_pool().parallel_for(p.batch * col_tasks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / col_tasks, j0 = (i % col_tasks) * grain;
-      GemmArgs s{};
-      s.w = p.w + b * p.w_batch;
-      s.out = p.out ? p.out + b * p.out_batch : nullptr;
-      s.out_f32 = p.out_f32 ? p.out_f32 + b * p.out_batch : nullptr;
-      s.m = p.m;
-      s.n = p.n;
-      s.k = K;
-      s.bf16_inputs = true;
-      s.ldo = ldo;
+      const GemmArgs s = problem(b);
       const int64_t j1 = std::min(p.n, j0 + grain);
       if (dot)
         SmallMChunksDot(s, ab.get() + b * p.m * ld, ld, j0, j1);

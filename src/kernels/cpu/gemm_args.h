@@ -50,17 +50,18 @@ void run_decode_layout_multi(std::span<const GemmArgs> problems);
 bool cpu_has_bf16_dot();
 // That, AMX-TILE and AMX-BF16, and the OS lets this process use the tiles.
 bool cpu_has_amx();
-// Whether the decode layout kernel takes AMX tile products (TDPBF16PS) for every M: DEEPINFER_AMX
-// (default on) until set_amx_fp8 (tests, benches) says otherwise, on a CPU with it
+// Whether the decode layout kernel, and the bf16 GEMMs whose K allows (amx_bf16_gemm), take AMX
+// tile products (TDPBF16PS) for every M: DEEPINFER_AMX
+// (default on) until set_amx (tests, benches) says otherwise, on a CPU with it
 // (cpu_has_amx), under DecodeGemm automatic or invariant. Its rows sum in TDPBF16PS's order, not
 // VDPBF16PS's (docs/numerics.md §10).
-bool amx_fp8_active();
+bool amx_active();
 // Asks for AMX (or not) from now on; returns what was asked before.
-bool set_amx_fp8(bool on);
+bool set_amx(bool on);
 // Asks for AMX in a scope (tests, benches), then restores what was asked before.
 struct ScopedAmx {
-  explicit ScopedAmx(bool on) : was(set_amx_fp8(on)) {}
-  ~ScopedAmx() { set_amx_fp8(was); }
+  explicit ScopedAmx(bool on) : was(set_amx(on)) {}
+  ~ScopedAmx() { set_amx(was); }
   ScopedAmx(const ScopedAmx&) = delete;
   ScopedAmx& operator=(const ScopedAmx&) = delete;
   bool was;
@@ -82,6 +83,22 @@ bool decode_layout_f32_panel(const GemmArgs& g, int64_t n0, int64_t kb, float* o
 // kernel then sums each pair (2i, 2i + 1) in that order too (k % 128 == 0 fp8 only), so the decode
 // layout kernel and it agree bit for bit.
 bool invariant_pairs_swapped(const GemmArgs& g);
+// Whether bf16 GEMMs of inner size k take AMX tile products at every M (amx_bf16_columns):
+// amx_active() and k % 32 == 0. Their rows sum in TDPBF16PS's order (docs/numerics.md §10).
+bool amx_bf16_gemm(int64_t k);
+// uint32 elements of m rows of k in the pairs layout (amx_bf16_pack).
+size_t amx_bf16_pairs_size(int64_t m, int64_t k);
+// The pairs layout, the B tiles of amx_bf16_columns: rows in chunks of 16 (the last chunk zero-
+// padded to 16 rows where m > 16), each chunk [k / 2 pairs][min(m, 16) rows] of (a[r][2p],
+// a[r][2p + 1]) as one uint32. a: m rows of k bf16, row stride lda.
+void amx_bf16_pack(int64_t m, int64_t k, const uint16_t* a, int64_t lda, uint32_t* out);
+// bf16 GEMM g, every row, output columns [j0, j1), on AMX tiles: the weight rows
+// are the A tiles, read in place, the activations (pairs: amx_bf16_pack of g's rows) the B tiles.
+// A row's sum order depends on k only. The calling thread keeps its tile configuration for the next
+// call until release_amx_tiles.
+void amx_bf16_columns(const GemmArgs& g, const uint32_t* pairs, int64_t j0, int64_t j1);
+// Ends this thread's use of the AMX tiles (at the end of each pool task body).
+void release_amx_tiles();
 // Which decode kernel serves m <= kSmallM (the harness and the bench check each of them):
 //  - invariant: batch invariant (docs/numerics.md §10): a row's bytes do not depend on M. fp8
 //    rows of every M sum in the prefill kernel's order: M <= kSmallM from the decode layout where

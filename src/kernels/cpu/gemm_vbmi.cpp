@@ -375,10 +375,10 @@ bool cpu_has_amx_bf16() {
 
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 
-// DEEPINFER_AMX until set_amx_fp8 says otherwise: -1 unread, 0 off, 1 on.
+// DEEPINFER_AMX until set_amx says otherwise: -1 unread, 0 off, 1 on.
 std::atomic<int> g_amx{-1};
 
-// Whether AMX is asked for now (DEEPINFER_AMX, then set_amx_fp8).
+// Whether AMX is asked for now (DEEPINFER_AMX, then set_amx).
 bool amx_requested() {
   int want = g_amx.load(std::memory_order_relaxed);
   if (want < 0) g_amx = want = knobs().amx ? 1 : 0;
@@ -410,13 +410,15 @@ struct alignas(64) TileConfig {
 // lag of 1 beat 0 and 2 in whole decode steps: docs/performance.md §8).
 constexpr int64_t kAmxRing = 4, kAmxLag = 1;
 
-// The A and C row count the tiles of this thread are configured for (0: not configured).
-thread_local int64_t tile_rows = 0;
+// The tile configuration this thread holds (0: none): the fp8 kernel's for M rows is M, the bf16
+// kernel's for M rows a B tile is kBf16Config + M.
+thread_local int64_t tile_config = 0;
+constexpr int64_t kBf16Config = 64;
 
 // Panels [p0, p1) of g (g.m <= 16 rows; act: its bf16 rows, row stride g.k).
 DI_AMX_TARGET void PanelRangeAmx(const GemmArgs& g, const uint16_t* act, int64_t p0, int64_t p1) {
   const int64_t M = g.m, K = g.k, kbs = K / 128, subs = K / 32;
-  if (tile_rows != M) {
+  if (tile_config != M) {
     TileConfig cfg;
     for (int t : {0, 1, 2}) {  // C (group 0, group 1) and A: M rows of 16 f32 / 32 bf16
       cfg.rows[t] = uint8_t(M);
@@ -427,7 +429,7 @@ DI_AMX_TARGET void PanelRangeAmx(const GemmArgs& g, const uint16_t* act, int64_t
       cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
-    tile_rows = M;
+    tile_config = M;
   }
   const Decoder dec;
   alignas(64) uint16_t ring[kAmxRing][2][16 * 32];
@@ -490,9 +492,77 @@ DI_AMX_TARGET void PanelRangeAmx(const GemmArgs& g, const uint16_t* act, int64_t
 // Ends this thread's use of the tiles (a thread holding tile state costs 8 KiB more per context
 // switch); the next PanelRangeAmx configures them again.
 DI_AMX_TARGET void release_tiles() {
-  if (tile_rows == 0) return;
+  if (tile_config == 0) return;
   _tile_release();
-  tile_rows = 0;
+  tile_config = 0;
+}
+
+// ---- AMX: bf16 GEMMs ----------------------------------------------------------------------------
+// The weight rows are the A tile, read in place (16 output columns × 32 K: 16 rows of 64 bytes,
+// K·2 apart), the activations the B tile (16 K pairs × up to 16 rows: the pairs layout,
+// amx_bf16_pack), and C[column][row] accumulates over all of K in the tile. No decode and no
+// transposition of the weights: one TDPBF16PS per 16 columns × 32 K whatever the row count, where
+// VDPBF16PS needs one per row. No software prefetch: 256 B to 2 KiB ahead in each of the 32 rows,
+// or the next 32 rows as one line, all streamed slower than the hardware prefetcher alone
+// (docs/performance.md §8).
+
+// Columns [j0, j1) of g, every row, from the pairs layout bp.
+DI_AMX_TARGET void Bf16ColumnsAmx(const GemmArgs& g, const uint32_t* bp, int64_t j0, int64_t j1) {
+  const int64_t M = g.m, K = g.k, steps = K / 32, bm = std::min<int64_t>(M, kAmxRows);
+  const int64_t ldo = g.ldo ? g.ldo : g.n, chunk = steps * 16 * bm;
+  if (tile_config != kBf16Config + bm) {
+    TileConfig cfg;
+    for (int t : {0, 1}) {  // C (column groups 0, 1): 16 columns × bm f32
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = uint16_t(4 * bm);
+    }
+    for (int t : {2, 3}) {  // A (column groups 0, 1): 16 weight rows × 32 bf16
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = 64;
+    }
+    cfg.rows[4] = 16;  // B: 16 K pairs × bm rows
+    cfg.colsb[4] = uint16_t(4 * bm);
+    _tile_loadconfig(&cfg);
+    tile_config = kBf16Config + bm;
+  }
+  std::vector<uint16_t> edge;  // the matrix's last, partial column group, zero-padded to 16 rows
+  alignas(64) float cb[2][16][16];
+  for (int64_t j = j0; j < j1;) {
+    const int64_t cols = std::min<int64_t>(j1 - j, 32), groups = cols > 16 ? 2 : 1;
+    const uint16_t* wg[2] = {static_cast<const uint16_t*>(g.w) + j * K, nullptr};
+    wg[1] = wg[0] + 16 * K;
+    if (cols < 16 * groups) {  // fewer than 16 rows left (the matrix's end): read only those
+      edge.assign(size_t(16 * K), 0);
+      std::copy_n(wg[groups - 1], size_t((cols - 16 * (groups - 1)) * K), edge.begin());
+      wg[groups - 1] = edge.data();
+    }
+    for (int64_t r0 = 0; r0 < M; r0 += kAmxRows) {
+      const uint32_t* b = bp + (r0 / kAmxRows) * chunk;
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int64_t c = 0; c < steps; ++c) {
+        _tile_loadd(4, b + c * 16 * bm, 4 * bm);
+        _tile_loadd(2, wg[0] + 32 * c, K * 2);
+        _tile_dpbf16ps(0, 2, 4);
+        if (groups == 2) {
+          _tile_loadd(3, wg[1] + 32 * c, K * 2);
+          _tile_dpbf16ps(1, 3, 4);
+        }
+      }
+      _tile_stored(0, cb[0], 64);
+      if (groups == 2) _tile_stored(1, cb[1], 64);
+      const int64_t rows = std::min(kAmxRows, M - r0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const float v = cb[c / 16][c % 16][r];
+          if (g.out)
+            g.out[(r0 + r) * ldo + j + c] = f32_to_bf16(v);
+          else
+            g.out_f32[(r0 + r) * ldo + j + c] = v;
+        }
+    }
+    j += cols;
+  }
 }
 
 // The prefill kernel's f32 weight panel [kk < 128][32] for one decode-layout panel and one K block:
@@ -523,7 +593,7 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
 // at a time, so the chunks after the first find those panels' weights in L2 instead of streaming
 // the matrix from memory once per chunk. a: g's activations [m, k].
 DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t p0, int64_t p1) {
-  const bool amx = amx_fp8_active();
+  const bool amx = amx_active();
   const int64_t rows = amx ? kAmxRows : kSmallM;
   const int64_t group = std::max<int64_t>(1, (int64_t(256) << 10) / int64_t(panel_bytes(g.k)));
   for (int64_t p = p0; p < p1; p += group) {
@@ -542,7 +612,7 @@ DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t 
 // MoE layer's call, whose experts have 1..B rows, get equal work. VDPBF16PS: per 128 weight bytes
 // ten decode instructions and six per row; AMX: the decode and about one tile product per 16 rows.
 int64_t panel_units(int64_t m) {
-  return amx_fp8_active() ? 3 * ((m + kAmxRows - 1) / kAmxRows) : m + 2;
+  return amx_active() ? 3 * ((m + kAmxRows - 1) / kAmxRows) : m + 2;
 }
 
 // Every problem's activations as bf16 pairs, then one pool dispatch over the panels of all of them
@@ -654,12 +724,12 @@ bool cpu_has_bf16_dot() {
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 
 bool cpu_has_amx() { return cpu_has_bf16_dot() && cpu_has_amx_bf16(); }
-bool set_amx_fp8(bool on) {
+bool set_amx(bool on) {
   const bool was = amx_requested();
   g_amx = on ? 1 : 0;
   return was;
 }
-bool amx_fp8_active() {
+bool amx_active() {
   const DecodeGemm mode = g_decode_gemm;
   return amx_requested() && (mode == DecodeGemm::automatic || mode == DecodeGemm::invariant) &&
          cpu_has_amx();
@@ -669,6 +739,31 @@ bool small_m_invariant() {
   const DecodeGemm mode = g_decode_gemm;
   return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());
 }
+
+bool amx_bf16_gemm(int64_t k) { return k > 0 && k % 32 == 0 && amx_active(); }
+
+size_t amx_bf16_pairs_size(int64_t m, int64_t k) {
+  return size_t((m + kAmxRows - 1) / kAmxRows * (k / 2) * std::min(m, kAmxRows));
+}
+
+void amx_bf16_pack(int64_t m, int64_t k, const uint16_t* a, int64_t lda, uint32_t* out) {
+  const int64_t bm = std::min(m, kAmxRows), chunk = k / 2 * bm;
+  std::fill(out, out + amx_bf16_pairs_size(m, k), 0u);  // rows past m in the last chunk
+  for (int64_t r = 0; r < m; ++r) {
+    const uint16_t* row = a + r * lda;
+    uint32_t* dst = out + (r / kAmxRows) * chunk + r % kAmxRows;
+    for (int64_t p = 0; p < k / 2; ++p)
+      dst[p * bm] = uint32_t(row[2 * p]) | (uint32_t(row[2 * p + 1]) << 16);
+  }
+}
+
+void amx_bf16_columns(const GemmArgs& g, const uint32_t* pairs, int64_t j0, int64_t j1) {
+  DI_CHECK(g.bf16_inputs && g.m >= 1 && amx_bf16_gemm(g.k),
+           "amx_bf16_columns: m={} k={} on a CPU or setting without it", g.m, g.k);
+  Bf16ColumnsAmx(g, pairs, j0, j1);
+}
+
+void release_amx_tiles() { release_tiles(); }
 
 namespace {
 // The shapes and settings any VBMI decode kernel takes.
@@ -680,8 +775,8 @@ bool vbmi_decode_fits(const GemmArgs& g) {
 
 bool takes_decode_layout(const GemmArgs& g) {
   if (!vbmi_decode_fits(g) || !g.w_decode || !cpu_has_bf16_dot()) return false;
-  if (amx_fp8_active()) return true;  // one kernel for every M: invariant by itself
-  if (small_m_invariant()) {          // the prefill kernel's order (invariant_pairs_swapped)
+  if (amx_active()) return true;  // one kernel for every M: invariant by itself
+  if (small_m_invariant()) {      // the prefill kernel's order (invariant_pairs_swapped)
     const DotOrder order = dot_order();
     return order == DotOrder::even_first || order == DotOrder::odd_first;
   }
@@ -778,8 +873,17 @@ std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 }
 void set_decode_gemm(DecodeGemm k) { g_decode_gemm = k; }
 bool cpu_has_amx() { return false; }
-bool set_amx_fp8(bool) { return false; }
-bool amx_fp8_active() { return false; }
+bool set_amx(bool) { return false; }
+bool amx_active() { return false; }
+bool amx_bf16_gemm(int64_t) { return false; }
+size_t amx_bf16_pairs_size(int64_t, int64_t) { return 0; }
+void amx_bf16_pack(int64_t, int64_t, const uint16_t*, int64_t, uint32_t*) {
+  DI_FAIL("amx_bf16_pack: no AMX kernel on this build");
+}
+void amx_bf16_columns(const GemmArgs&, const uint32_t*, int64_t, int64_t) {
+  DI_FAIL("amx_bf16_columns: no AMX kernel on this build");
+}
+void release_amx_tiles() {}
 bool small_m_invariant() {
   const DecodeGemm mode = g_decode_gemm;
   return mode == DecodeGemm::invariant || (mode == DecodeGemm::automatic && batch_invariant_knob());

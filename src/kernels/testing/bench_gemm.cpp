@@ -139,7 +139,7 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       // reverse under DEEPINFER_AMX=on (0 where the CPU has no AMX).
       double s_other = 0;
       if (decode_layout && cpu::cpu_has_amx()) {
-        const cpu::ScopedAmx other(!cpu::amx_fp8_active());
+        const cpu::ScopedAmx other(!cpu::amx_active());
         for (int i = 0; i < 20; ++i) call();
         s_other = ctx.time(call, 9, 0.3);
       }
@@ -174,7 +174,7 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
                               {"weight_copies", double(copies)},
                               {"ratio_cache_warm", wbytes / s_warm / 1e9 / limit_warm},
                               {"speedup_vs_rows", s_rows / s},
-                              {"amx", cpu::amx_fp8_active() ? 1.0 : 0.0},
+                              {"amx", cpu::amx_active() ? 1.0 : 0.0},
                               {"speedup_vs_other_tile_product", s_other > 0 ? s_other / s : 0.0},
                               {"speedup_vs_generic", s_generic / s}}};
       ctx.emit(r);

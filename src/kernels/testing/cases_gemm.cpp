@@ -55,7 +55,7 @@ CaseResult run_dense(int64_t m, int64_t n, int64_t k, bool f32_out, bool ue8m0, 
   if (r.pass) r = run_mode(DecodeGemm::invariant, false);
   if (r.pass && !w_decode.empty()) r = run_mode(DecodeGemm::invariant, true);
   if (r.pass && !w_decode.empty() && cpu::cpu_has_amx()) {  // the other tile product: VDPBF16PS
-    const cpu::ScopedAmx other(!cpu::amx_fp8_active());     // where AMX is the default, and back
+    const cpu::ScopedAmx other(!cpu::amx_active());         // where AMX is the default, and back
     r = run_mode(DecodeGemm::invariant, true);
   }
   return r;
@@ -133,7 +133,11 @@ CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed
   const CaseResult r = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
   if (!r.pass) return r;
   cpu::set_decode_gemm(cpu::DecodeGemm::invariant);  // the batch-invariant order
-  const CaseResult inv = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
+  CaseResult inv = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
+  if (inv.pass && cpu::cpu_has_amx()) {              // the other tile product: VDPBF16PS
+    const cpu::ScopedAmx other(!cpu::amx_active());  // where AMX is the default, and back
+    inv = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
+  }
   cpu::set_decode_gemm(cpu::DecodeGemm::automatic);
   return inv;
 }
@@ -212,10 +216,10 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
     int64_t m, n, k;
     bool f32, quick;
   };
-  const Bf16 bf[] = {{1, 129, 7168, false, true},  {3, 257, 200, false, true},
-                     {2, 1000, 512, true, true},   {33, 64, 64, false, true},
-                     {1, 1, 1, true, true},        {0, 16, 16, false, true},
-                     {8, 4096, 1024, true, false}, {256, 512, 1536, false, false}};
+  const Bf16 bf[] = {
+      {1, 129, 7168, false, true}, {3, 257, 200, false, true},   {2, 1000, 512, true, true},
+      {33, 64, 64, false, true},   {1, 1, 1, true, true},        {0, 16, 16, false, true},
+      {20, 72, 96, false, true},   {8, 4096, 1024, true, false}, {256, 512, 1536, false, false}};
   for (const auto& d : bf)
     cases.push_back(
         {"gemm_bf16", fmt::format("m={} n={} k={}{}", d.m, d.n, d.k, d.f32 ? " f32" : ""), d.quick,
@@ -226,8 +230,11 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
     int64_t batch, m, n, k;
     bool f32;
   };
-  const Bf16Batch bb[] = {
-      {4, 1, 128, 64, false}, {16, 3, 32, 128, false}, {3, 9, 40, 64, true}, {0, 2, 16, 16, false}};
+  const Bf16Batch bb[] = {{4, 1, 128, 64, false},
+                          {16, 3, 32, 128, false},
+                          {3, 9, 40, 64, true},
+                          {2, 17, 40, 64, false},
+                          {0, 2, 16, 16, false}};
   for (const auto& d : bb)
     cases.push_back(
         {"gemm_bf16",
