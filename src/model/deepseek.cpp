@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "kernels/attention.h"
 #include "kernels/engram.h"
@@ -96,6 +97,7 @@ struct DeepseekModel::Impl {
       ubuf, shared_out, gath, mhc_x, eg_v, eg_k, eg_gated, eg_win, eg_s;
   Scratch<float> mhc_post_w, mhc_comb, eg_f32, eg_gate, head_part, head_back;
   Scratch<bf16> head_rows;
+  Scratch<uint8_t> split_send, split_recv;  // the split dense FFN's packed rows
   Scratch<int32_t> eg_ids, eg_idx, eg_taps;
   // Engram: the table shards, and each layer's fetch of this forward.
   std::unique_ptr<EngramBuffer> engram_buf;
@@ -286,6 +288,23 @@ struct DeepseekModel::Impl {
     return p;
   }
 
+  // silu(gate) ⊙ up for rows of I channels (gate, up: row stride I), as its fp8 cast (q, s) where
+  // the down projection is fp8, else as bf16 rows y.
+  void swiglu(const bf16* gate, const bf16* up, int64_t rows, int64_t I, fp8_e4m3* q, float* s,
+              bf16* y = nullptr) {
+    k::SwigluParams sp;
+    sp.gate = gate;
+    sp.up = up;
+    sp.num_tokens = rows;
+    sp.inter = I;
+    sp.in_stride = I;
+    sp.ue8m0 = cfg.ue8m0_scales;
+    sp.q = q;
+    sp.scales = s;
+    sp.y = y;
+    k::swiglu(sp);
+  }
+
   // Stage 1: gate·x and up·x, then SwiGLU (with the fp8 cast where down is fp8) into t1 or tq/ts.
   void mlp_up(std::span<MlpJob> jobs) {
     int64_t elems = 0, blocks = 0;
@@ -317,20 +336,10 @@ struct DeepseekModel::Impl {
       for (; e < jobs.size() && jobs[e].m->gate.out == I && jobs[e].m->down.fp8() == fp8_down; ++e)
         rows += jobs[e].rows;
       if (rows > 0) {
-        k::SwigluParams sp;
-        sp.gate = g + jobs[i].at;
-        sp.up = u + jobs[i].at;
-        sp.num_tokens = rows;
-        sp.inter = I;
-        sp.in_stride = I;
-        sp.ue8m0 = cfg.ue8m0_scales;
-        if (fp8_down) {
-          sp.q = q + jobs[i].at;
-          sp.scales = s + jobs[i].at_blocks;
-        } else {
-          sp.y = y + jobs[i].at;
-        }
-        k::swiglu(sp);
+        if (fp8_down)
+          swiglu(g + jobs[i].at, u + jobs[i].at, rows, I, q + jobs[i].at, s + jobs[i].at_blocks);
+        else
+          swiglu(g + jobs[i].at, u + jobs[i].at, rows, I, nullptr, nullptr, y + jobs[i].at);
       }
       i = e;
     }
@@ -522,6 +531,130 @@ struct DeepseekModel::Impl {
 
   // ---- FFN ------------------------------------------------------------------------------------
 
+  // Whether the ranks split a dense FFN among them (dense_mlp_split): several ranks, all three
+  // projections fp8 (a bf16 one keeps the replicated mlp()), and batch-invariant GEMMs
+  // (DEEPINFER_BATCH_INVARIANT, docs/numerics.md §10): the split's GEMMs take every rank's rows
+  // at once, which without it could sum a row otherwise than its own rank's call would.
+  bool splits_dense(const Mlp& m) const {
+    return group.size() > 1 && m.gate.fp8() && m.up.fp8() && m.down.fp8() &&
+           knobs().batch_invariant;
+  }
+
+  // Rows of fp8 codes [rows, n] and their 1×128 scales [rows, num_blocks(n)] packed as one byte
+  // row each (codes, then scales), so one collective moves both.
+  static size_t packed_row_bytes(int64_t n) {
+    return size_t(n) + size_t(k::num_blocks(n)) * sizeof(float);
+  }
+  static void pack_rows(const fp8_e4m3* q, const float* s, int64_t rows, int64_t n, uint8_t* out) {
+    const size_t rb = packed_row_bytes(n), nb = size_t(k::num_blocks(n));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(out + size_t(r) * rb, q + r * n, size_t(n));
+      std::memcpy(out + size_t(r) * rb + size_t(n), s + size_t(r) * nb, nb * sizeof(float));
+    }
+  }
+
+  // The dense FFN with W > 1 ranks: each rank computes a slice of it for every rank's rows rather
+  // than all of it for its own, so the ranks read its weights once between them, not W times
+  // (at decode each rank's few rows would read all 3·hidden·intermediate bytes alone:
+  // docs/performance.md §8). Every rank gets every rank's input rows (all_gather_v of the fp8
+  // cast), computes its slice of the gate and up columns (whole 128-blocks) and their SwiGLU and
+  // cast, the slices are gathered into whole intermediate rows, each rank computes its slice of
+  // the down projection's columns, and those go back to their rows' ranks (all_to_all_v). Every
+  // column of a slice sums as in the whole GEMM and the 1×128 casts are per block, so out is bit
+  // for bit what mlp() gives (EP sizes agree, docs/numerics.md §10). Every rank joins, T = 0 too.
+  void dense_mlp_split(const Mlp& m, const fp8_e4m3* xq8, const float* xs8, int64_t T, bf16* out) {
+    const int64_t hid = m.gate.in, I = m.gate.out, W = group.size(), me = group.rank();
+    std::vector<int64_t> rows(static_cast<size_t>(W));
+    std::vector<size_t> counts(static_cast<size_t>(W)), back(static_cast<size_t>(W));
+    {
+      k::KernelTag tag("mlp.gather", k::ScopeKind::collective);
+      group.all_gather(&T, rows.data(), 1, DType::i64);
+    }
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    if (total == 0) return;
+    // Every rank's input rows, in rank order.
+    const size_t xb = packed_row_bytes(hid), kbh = size_t(k::num_blocks(hid));
+    uint8_t* send = split_send.get(int64_t(size_t(T) * xb));
+    pack_rows(xq8, xs8, T, hid, send);
+    uint8_t* all = split_recv.get(int64_t(size_t(total) * xb));
+    for (int64_t q = 0; q < W; ++q) counts[size_t(q)] = size_t(rows[size_t(q)]) * xb;
+    {
+      k::KernelTag tag("mlp.gather", k::ScopeKind::collective);
+      group.all_gather_v(send, size_t(T) * xb, all, counts, DType::u8);
+    }
+    fp8_e4m3* aq = xq.get(total * hid);
+    float* as = xs.get(total * int64_t(kbh));
+    for (int64_t r = 0; r < total; ++r) {
+      std::memcpy(aq + r * hid, all + size_t(r) * xb, size_t(hid));
+      std::memcpy(as + size_t(r) * kbh, all + size_t(r) * xb + size_t(hid), kbh * sizeof(float));
+    }
+    // This rank's gate/up columns [i0, i1), SwiGLU and its cast.
+    const auto [i0, i1] = rank_columns(I, me, W);
+    const int64_t wi = i1 - i0, kbw = k::num_blocks(wi);
+    fp8_e4m3* hq = tq.get(total * wi);
+    float* hs = ts.get(total * kbw);
+    if (wi > 0) {
+      bf16* g = gbuf.get(total * wi);
+      bf16* u = ubuf.get(total * wi);
+      gemms_.clear();
+      gemms_.push_back(fp8_gemm(column_slice(m.gate, i0, i1), aq, as, total, g));
+      gemms_.push_back(fp8_gemm(column_slice(m.up, i0, i1), aq, as, total, u));
+      k::gemm_fp8_multi(gemms_);
+      swiglu(g, u, total, wi, hq, hs);
+    }
+    // Whole intermediate rows: every rank's column slice of every row.
+    const size_t hb = packed_row_bytes(wi);
+    send = split_send.get(int64_t(size_t(total) * hb));
+    pack_rows(hq, hs, total, wi, send);
+    size_t gathered = 0;
+    for (int64_t q = 0; q < W; ++q) {
+      const auto [q0, q1] = rank_columns(I, q, W);
+      counts[size_t(q)] = size_t(total) * packed_row_bytes(q1 - q0);
+      gathered += counts[size_t(q)];
+    }
+    all = split_recv.get(int64_t(gathered));
+    {
+      k::KernelTag tag("mlp.gather", k::ScopeKind::collective);
+      group.all_gather_v(send, size_t(total) * hb, all, counts, DType::u8);
+    }
+    const int64_t kbi = k::num_blocks(I);
+    fp8_e4m3* iq = xq.get(total * I);  // the input rows are no longer needed
+    float* is = xs.get(total * kbi);
+    for (int64_t q = 0, at = 0; q < W; ++q) {
+      const auto [q0, q1] = rank_columns(I, q, W);
+      const int64_t wq = q1 - q0, nbq = k::num_blocks(wq);
+      const size_t rb = packed_row_bytes(wq);
+      for (int64_t r = 0; r < total; ++r) {
+        const uint8_t* src = all + at + size_t(r) * rb;
+        std::memcpy(iq + r * I + q0, src, size_t(wq));
+        std::memcpy(is + r * kbi + q0 / 128, src + wq, size_t(nbq) * sizeof(float));
+      }
+      at += int64_t(counts[size_t(q)]);
+    }
+    // This rank's down columns [h0, h1) for every row, then each rank's rows back to it.
+    const auto [h0, h1] = rank_columns(hid, me, W);
+    const int64_t wh = h1 - h0;
+    bf16* part = t1.get(total * wh);  // [total, wh], rows in rank order
+    if (wh > 0) k::gemm_fp8(fp8_gemm(column_slice(m.down, h0, h1), iq, is, total, part));
+    bf16* got = gath.get(T * hid);  // from rank q: [T, its columns]
+    for (int64_t q = 0; q < W; ++q) {
+      const auto [q0, q1] = rank_columns(hid, q, W);
+      counts[size_t(q)] = size_t(rows[size_t(q)] * wh);
+      back[size_t(q)] = size_t(T * (q1 - q0));
+    }
+    {
+      k::KernelTag tag("mlp.exchange", k::ScopeKind::collective);
+      group.all_to_all_v(part, counts, got, back, DType::bf16);
+    }
+    for (int64_t q = 0, at = 0; q < W; ++q) {
+      const auto [q0, q1] = rank_columns(hid, q, W);
+      for (int64_t r = 0; r < T; ++r)
+        std::memcpy(out + r * hid + q0, got + at + r * (q1 - q0), size_t(q1 - q0) * sizeof(bf16));
+      at += T * (q1 - q0);
+    }
+  }
+
   // Returns the dense FFN's or the MoE's output [T, hidden] bf16 for the sub-layer input hbuf
   // (null when T = 0); every rank joins the MoE layer's collectives, with T = 0 too.
   const bf16* ffn(int64_t li, int64_t T, const bf16* hbuf, RoutingTrace* trace) {
@@ -534,7 +667,10 @@ struct DeepseekModel::Impl {
     if (!L.moe) {
       k::KernelTag tag("mlp");
       rms_norm(hbuf, L.post_attn_norm, T, hid, x, 0, 0, xq8, xs8);
-      mlp(L.dense, Act{x, xq8, xs8}, T, out);
+      if (splits_dense(L.dense))
+        dense_mlp_split(L.dense, xq8, xs8, T, out);
+      else
+        mlp(L.dense, Act{x, xq8, xs8}, T, out);
       return T > 0 ? out : nullptr;
     }
     // The fp8 activations go where dispatch reads them in place (on mpi's direct lowering, the
@@ -1005,29 +1141,47 @@ struct DeepseekModel::Impl {
     head_logits(gn, R, lm, V, out.logits.data<float>());
   }
 
+  // Output columns [c0, c1) of l as a linear of its own (c0 % 128 == 0: whole scale blocks and
+  // decode-layout panels). Each of its columns sums exactly as the same column of l: the GEMMs'
+  // order depends on K only (docs/numerics.md §10).
+  static Linear column_slice(const Linear& l, int64_t c0, int64_t c1) {
+    Linear c;
+    c.name = l.name;
+    c.in = l.in;
+    c.out = c1 - c0;
+    if (l.w_fp8) c.w_fp8 = l.w_fp8 + c0 * l.in;
+    if (l.w_scale) c.w_scale = l.w_scale + (c0 / 128) * k::num_blocks(l.in);
+    if (l.w_bf16) c.w_bf16 = l.w_bf16 + c0 * l.in;
+    if (l.w_decode) c.w_decode = l.w_decode + k::decode_layout_bytes(c0, l.in);
+    return c;
+  }
+
+  // Rank q's share of n output columns when W ranks split them: whole 128-column blocks.
+  static std::pair<int64_t, int64_t> rank_columns(int64_t n, int64_t q, int64_t W) {
+    const int64_t per = (k::num_blocks(n) + W - 1) / W;
+    return {std::min(n, q * per * 128), std::min(n, (q + 1) * per * 128)};
+  }
+
   // out [T, v1 - v0] f32 = the LM head's columns [v0, v1) for rows x [T, hidden] (v0 % 128 == 0).
   void head_columns(const bf16* x, int64_t T, const Linear& lm, int64_t v0, int64_t v1,
                     float* out) {
     const int64_t hid = cfg.hidden_size;
     if (T == 0 || v1 <= v0) return;
+    const Linear slice = column_slice(lm, v0, v1);
     if (lm.fp8()) {  // LoadOptions::fp8_head
       fp8_e4m3* q = tq.get(T * hid);
       float* s = ts.get(T * k::num_blocks(hid));
       quantize(x, T, hid, q, s);
-      k::GemmFp8Params p = fp8_gemm(lm, q, s, T, nullptr);
-      p.w = lm.w_fp8 + v0 * hid;
-      p.w_scales = lm.w_scale + (v0 / 128) * k::num_blocks(hid);
-      if (lm.w_decode) p.w_decode = lm.w_decode + k::decode_layout_bytes(v0, hid);  // whole panels
-      p.n = v1 - v0;
+      k::GemmFp8Params p = fp8_gemm(slice, q, s, T, nullptr);
       p.out_f32 = out;
       k::gemm_fp8(p);
     } else {
       k::GemmBf16Params gp;
       gp.a = x;
-      gp.w = lm.w_bf16 + v0 * hid;
+      gp.w = slice.w_bf16;
       gp.out_f32 = out;
       gp.m = T;
-      gp.n = v1 - v0;
+      gp.n = slice.out;
       gp.k = hid;
       k::gemm_bf16(gp);
     }
@@ -1051,10 +1205,7 @@ struct DeepseekModel::Impl {
     int64_t total = 0;
     for (int64_t r : rows) total += r;
     if (total == 0) return;
-    const int64_t per = (k::num_blocks(V) + W - 1) / W;
-    auto slice = [&](int64_t q) {
-      return std::pair{std::min(V, q * per * 128), std::min(V, (q + 1) * per * 128)};
-    };
+    auto slice = [&](int64_t q) { return rank_columns(V, q, W); };
     bf16* all = head_rows.get(total * hid);
     std::vector<size_t> counts(static_cast<size_t>(W)), back(static_cast<size_t>(W));
     for (int64_t q = 0; q < W; ++q) counts[size_t(q)] = size_t(rows[size_t(q)] * hid);
