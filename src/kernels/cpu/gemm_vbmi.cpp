@@ -299,6 +299,36 @@ DI_VBMI_TARGET void ActivationsBf16(const GemmArgs& g, uint16_t* out) {
   }
 }
 
+// f32_to_bf16 of 16 lanes (nearest even, NaN kept quiet), each in its lane's low 16 bits.
+DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+  const __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(r, nan,
+                               _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
+}
+
+// Row r of a panel's output, columns [j0, j0 + nj) (nj <= 32), from its two 16-column vectors.
+DI_VBMI_TARGET inline void StorePanelRow(const GemmArgs& g, int64_t r, int64_t j0, int64_t nj,
+                                         __m512 lo, __m512 hi) {
+  const int64_t at = r * (g.ldo ? g.ldo : g.n) + j0;
+  if (!g.out) {
+    _mm512_mask_storeu_ps(g.out_f32 + at, __mmask16((1u << std::min<int64_t>(nj, 16)) - 1), lo);
+    if (nj > 16) _mm512_mask_storeu_ps(g.out_f32 + at + 16, __mmask16((1u << (nj - 16)) - 1), hi);
+    return;
+  }
+  alignas(64) static constexpr uint16_t kEven[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                     22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                     44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+  const __m512i words = _mm512_permutex2var_epi16(Bf16Bits(lo), _mm512_load_si512(kEven),
+                                                  Bf16Bits(hi));  // the 32 low halves in order
+  const __mmask32 m = nj >= 32 ? ~__mmask32(0) : __mmask32((1u << nj) - 1);
+  _mm512_mask_storeu_epi16(g.out + at, m, words);
+}
+
 // Software prefetch this many bytes ahead in the weight stream: the hardware prefetcher alone left
 // the kernel streaming at about half the read pass (docs/performance.md §8; 2 KiB measured best of
 // 0.5, 1, 2 and 4 KiB). A prefetch past the end of the layout is harmless: prefetches never fault.
@@ -342,17 +372,7 @@ DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p
       }
     }
     const int64_t j0 = panel * kPanel, nj = std::min(kPanel, g.n - j0);
-    for (int r = 0; r < MM; ++r) {
-      alignas(64) float v[kPanel];
-      _mm512_store_ps(v, acc[0][r]);
-      _mm512_store_ps(v + 16, acc[1][r]);
-      for (int64_t c = 0; c < nj; ++c) {
-        if (g.out)
-          g.out[r * g.n + j0 + c] = f32_to_bf16(v[c]);
-        else
-          g.out_f32[r * g.n + j0 + c] = v[c];
-      }
-    }
+    for (int r = 0; r < MM; ++r) StorePanelRow(g, r, j0, nj, acc[0][r], acc[1][r]);
   }
 }
 
@@ -479,13 +499,7 @@ DI_AMX_TARGET void PanelRangeAmx(const GemmArgs& g, const uint16_t* act, int64_t
     if (kb != kbs - 1) continue;
     const int64_t j0 = panel * kPanel, nj = std::min(kPanel, g.n - j0);
     for (int64_t r = 0; r < M; ++r)
-      for (int64_t c = 0; c < nj; ++c) {
-        const float v = acc[c / 16][r][c % 16];
-        if (g.out)
-          g.out[r * g.n + j0 + c] = f32_to_bf16(v);
-        else
-          g.out_f32[r * g.n + j0 + c] = v;
-      }
+      StorePanelRow(g, r, j0, nj, _mm512_load_ps(acc[0][r]), _mm512_load_ps(acc[1][r]));
   }
 }
 
