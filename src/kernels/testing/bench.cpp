@@ -74,6 +74,8 @@ uint64_t ReadLoop(const uint8_t* p, size_t n) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <unistd.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -229,6 +231,11 @@ double BenchContext::memcpy_gbps(size_t bytes) {
   });
   memcpy_cache[bytes] = gbps;
   return gbps;
+}
+
+size_t beyond_cache_bytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where the OS does not say
+  return std::max(size_t(64) << 20, l3 > 0 ? 2 * size_t(l3) : 0);
 }
 
 double BenchContext::read_gbps(size_t bytes) {

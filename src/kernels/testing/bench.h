@@ -34,6 +34,11 @@ struct BenchRecord {
 
 // The read pass behind every weight-streaming limit: large enough that no cache holds it.
 inline constexpr size_t kReadPassBytes = size_t(1) << 30;
+// Bytes that a rotation over copies of a kernel's inputs must exceed so that each call finds
+// them in DRAM, not in a cache an earlier call warmed: twice the last-level cache the OS reports
+// (a 2-vCPU VM here reports 480 MiB of L3 and reads 64 MiB at 1.7× its 1 GiB rate), at least 64
+// MiB.
+size_t beyond_cache_bytes();
 
 struct BenchContext {
   int threads = 2;

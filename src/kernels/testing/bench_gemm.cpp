@@ -84,10 +84,11 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       ctx.quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 2, 4, 8};
   for (int64_t n : ns) {
     // In a forward pass a layer's weights come from DRAM, never from a cache the previous call
-    // warmed: the timed calls rotate over enough copies to exceed 64 MiB (more than this class of
-    // machine's L3); the limit is the 1 GiB read pass. The one-copy, cache-warm figure is printed
-    // too (ratio_cache_warm, against a read pass over one copy's bytes).
-    const int64_t copies = std::max<int64_t>(1, ((int64_t(64) << 20) + n * k - 1) / (n * k));
+    // warmed: the timed calls rotate over enough copies to exceed the last-level cache
+    // (beyond_cache_bytes); the limit is the 1 GiB read pass. The one-copy, cache-warm figure is
+    // printed too (ratio_cache_warm, against a read pass over one copy's bytes).
+    const int64_t copies =
+        std::max<int64_t>(1, (int64_t(beyond_cache_bytes()) + n * k - 1) / (n * k));
     std::vector<Weights> ws;
     // The decode layouts on the runtime's weight storage (huge pages where the OS gives them).
     const size_t layout_bytes = decode_layout_bytes(n, k);  // 0 where the CPU has no BF16 dot
