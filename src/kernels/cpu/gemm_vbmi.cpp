@@ -299,16 +299,18 @@ DI_VBMI_TARGET void ActivationsBf16(const GemmArgs& g, uint16_t* out) {
   }
 }
 
+// Each 32-bit lane shifted right by 16. (The maskz form: GCC 12 warns inside _mm512_srli_epi32,
+// whose pass-through operand is undefined, and CI builds with -Werror.)
+DI_VBMI_TARGET inline __m512i High16(__m512i x) { return _mm512_maskz_srli_epi32(0xffff, x, 16); }
+
 // f32_to_bf16 of 16 lanes (nearest even, NaN kept quiet), each in its lane's low 16 bits.
 DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
   const __m512i x = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  const __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __m512i lsb = _mm512_and_si512(High16(x), _mm512_set1_epi32(1));
+  const __m512i r = High16(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)));
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
                                                 _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_mov_epi32(r, nan,
-                               _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(High16(x), _mm512_set1_epi32(0x40)));
 }
 
 // Row r of a panel's output, columns [j0, j0 + nj) (nj <= 32), from its two 16-column vectors.
