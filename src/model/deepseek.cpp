@@ -564,25 +564,15 @@ struct DeepseekModel::Impl {
   // for bit what mlp() gives (EP sizes agree, docs/numerics.md §10). Every rank joins, T = 0 too.
   void dense_mlp_split(const Mlp& m, const fp8_e4m3* xq8, const float* xs8, int64_t T, bf16* out) {
     const int64_t hid = m.gate.in, I = m.gate.out, W = group.size(), me = group.rank();
-    std::vector<int64_t> rows(static_cast<size_t>(W));
-    std::vector<size_t> counts(static_cast<size_t>(W)), back(static_cast<size_t>(W));
-    {
-      k::KernelTag tag("mlp.gather", k::ScopeKind::collective);
-      group.all_gather(&T, rows.data(), 1, DType::i64);
-    }
-    int64_t total = 0;
-    for (int64_t r : rows) total += r;
-    if (total == 0) return;
     // Every rank's input rows, in rank order.
     const size_t xb = packed_row_bytes(hid), kbh = size_t(k::num_blocks(hid));
     uint8_t* send = split_send.get(int64_t(size_t(T) * xb));
     pack_rows(xq8, xs8, T, hid, send);
-    uint8_t* all = split_recv.get(int64_t(size_t(total) * xb));
-    for (int64_t q = 0; q < W; ++q) counts[size_t(q)] = size_t(rows[size_t(q)]) * xb;
-    {
-      k::KernelTag tag("mlp.gather", k::ScopeKind::collective);
-      group.all_gather_v(send, size_t(T) * xb, all, counts, DType::u8);
-    }
+    std::vector<int64_t> rows;
+    const uint8_t* all = gather_rows(send, T, int64_t(xb), DType::u8, split_recv, rows, "mlp");
+    if (all == nullptr) return;
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
     fp8_e4m3* aq = xq.get(total * hid);
     float* as = xs.get(total * int64_t(kbh));
     for (int64_t r = 0; r < total; ++r) {
@@ -607,16 +597,17 @@ struct DeepseekModel::Impl {
     const size_t hb = packed_row_bytes(wi);
     send = split_send.get(int64_t(size_t(total) * hb));
     pack_rows(hq, hs, total, wi, send);
+    std::vector<size_t> counts(static_cast<size_t>(W));
     size_t gathered = 0;
     for (int64_t q = 0; q < W; ++q) {
       const auto [q0, q1] = rank_columns(I, q, W);
       counts[size_t(q)] = size_t(total) * packed_row_bytes(q1 - q0);
       gathered += counts[size_t(q)];
     }
-    all = split_recv.get(int64_t(gathered));
+    uint8_t* inter = split_recv.get(int64_t(gathered));
     {
       k::KernelTag tag("mlp.gather", k::ScopeKind::collective);
-      group.all_gather_v(send, size_t(total) * hb, all, counts, DType::u8);
+      group.all_gather_v(send, size_t(total) * hb, inter, counts, DType::u8);
     }
     const int64_t kbi = k::num_blocks(I);
     fp8_e4m3* iq = xq.get(total * I);  // the input rows are no longer needed
@@ -626,7 +617,7 @@ struct DeepseekModel::Impl {
       const int64_t wq = q1 - q0, nbq = k::num_blocks(wq);
       const size_t rb = packed_row_bytes(wq);
       for (int64_t r = 0; r < total; ++r) {
-        const uint8_t* src = all + at + size_t(r) * rb;
+        const uint8_t* src = inter + at + size_t(r) * rb;
         std::memcpy(iq + r * I + q0, src, size_t(wq));
         std::memcpy(is + r * kbi + q0 / 128, src + wq, size_t(nbq) * sizeof(float));
       }
@@ -637,22 +628,7 @@ struct DeepseekModel::Impl {
     const int64_t wh = h1 - h0;
     bf16* part = t1.get(total * wh);  // [total, wh], rows in rank order
     if (wh > 0) k::gemm_fp8(fp8_gemm(column_slice(m.down, h0, h1), iq, is, total, part));
-    bf16* got = gath.get(T * hid);  // from rank q: [T, its columns]
-    for (int64_t q = 0; q < W; ++q) {
-      const auto [q0, q1] = rank_columns(hid, q, W);
-      counts[size_t(q)] = size_t(rows[size_t(q)] * wh);
-      back[size_t(q)] = size_t(T * (q1 - q0));
-    }
-    {
-      k::KernelTag tag("mlp.exchange", k::ScopeKind::collective);
-      group.all_to_all_v(part, counts, got, back, DType::bf16);
-    }
-    for (int64_t q = 0, at = 0; q < W; ++q) {
-      const auto [q0, q1] = rank_columns(hid, q, W);
-      for (int64_t r = 0; r < T; ++r)
-        std::memcpy(out + r * hid + q0, got + at + r * (q1 - q0), size_t(q1 - q0) * sizeof(bf16));
-      at += T * (q1 - q0);
-    }
+    return_rows(part, rows, T, hid, DType::bf16, gath, out, "mlp");
   }
 
   // Returns the dense FFN's or the MoE's output [T, hidden] bf16 for the sub-layer input hbuf
@@ -1162,6 +1138,53 @@ struct DeepseekModel::Impl {
     return {std::min(n, q * per * 128), std::min(n, (q + 1) * per * 128)};
   }
 
+  // Every rank's T rows of `width` elements x, gathered in rank order (all_gather_v) into buf;
+  // rows[q] is rank q's row count. Returns them, or null (nothing gathered) where no rank has
+  // rows. Every rank joins, with T = 0 too. what: the profile scope's prefix.
+  template <class E>
+  E* gather_rows(const E* x, int64_t T, int64_t width, DType dtype, Scratch<E>& buf,
+                 std::vector<int64_t>& rows, const std::string& what) {
+    const int64_t W = group.size();
+    rows.assign(size_t(W), 0);
+    k::KernelTag tag(what + ".gather", k::ScopeKind::collective);
+    group.all_gather(&T, rows.data(), 1, DType::i64);
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    if (total == 0) return nullptr;
+    std::vector<size_t> counts(static_cast<size_t>(W));
+    for (int64_t q = 0; q < W; ++q) counts[size_t(q)] = size_t(rows[size_t(q)] * width);
+    E* all = buf.get(total * width);
+    group.all_gather_v(x, size_t(T * width), all, counts, dtype);
+    return all;
+  }
+
+  // The way back from gather_rows for a column split of n columns (rank_columns): part holds this
+  // rank's columns of every rank's rows (rows in rank order); each rank gets its T rows back with
+  // all n columns in out [T, n] (all_to_all_v, then the slices interleaved). Every rank joins.
+  template <class E>
+  void return_rows(const E* part, const std::vector<int64_t>& rows, int64_t T, int64_t n,
+                   DType dtype, Scratch<E>& buf, E* out, const std::string& what) {
+    const int64_t W = group.size();
+    const auto [m0, m1] = rank_columns(n, group.rank(), W);
+    std::vector<size_t> counts(static_cast<size_t>(W)), back(static_cast<size_t>(W));
+    for (int64_t q = 0; q < W; ++q) {
+      const auto [q0, q1] = rank_columns(n, q, W);
+      counts[size_t(q)] = size_t(rows[size_t(q)] * (m1 - m0));
+      back[size_t(q)] = size_t(T * (q1 - q0));
+    }
+    E* got = buf.get(T * n);  // from rank q: [T, its columns]
+    {
+      k::KernelTag tag(what + ".exchange", k::ScopeKind::collective);
+      group.all_to_all_v(part, counts, got, back, dtype);
+    }
+    for (int64_t q = 0, at = 0; q < W; ++q) {
+      const auto [q0, q1] = rank_columns(n, q, W);
+      for (int64_t r = 0; r < T; ++r)
+        std::memcpy(out + r * n + q0, got + at + r * (q1 - q0), size_t(q1 - q0) * sizeof(E));
+      at += T * (q1 - q0);
+    }
+  }
+
   // out [T, v1 - v0] f32 = the LM head's columns [v0, v1) for rows x [T, hidden] (v0 % 128 == 0).
   void head_columns(const bf16* x, int64_t T, const Linear& lm, int64_t v0, int64_t v1,
                     float* out) {
@@ -1197,41 +1220,15 @@ struct DeepseekModel::Impl {
   void head_logits(const bf16* x, int64_t R, const Linear& lm, int64_t V, float* logits) {
     const int64_t hid = cfg.hidden_size, W = group.size();
     if (W == 1) return head_columns(x, R, lm, 0, V, logits);
-    std::vector<int64_t> rows(static_cast<size_t>(W));
-    {
-      k::KernelTag tag("head.gather", k::ScopeKind::collective);
-      group.all_gather(&R, rows.data(), 1, DType::i64);
-    }
+    std::vector<int64_t> rows;
+    const bf16* all = gather_rows(x, R, hid, DType::bf16, head_rows, rows, "head");
+    if (all == nullptr) return;
     int64_t total = 0;
     for (int64_t r : rows) total += r;
-    if (total == 0) return;
-    auto slice = [&](int64_t q) { return rank_columns(V, q, W); };
-    bf16* all = head_rows.get(total * hid);
-    std::vector<size_t> counts(static_cast<size_t>(W)), back(static_cast<size_t>(W));
-    for (int64_t q = 0; q < W; ++q) counts[size_t(q)] = size_t(rows[size_t(q)] * hid);
-    {
-      k::KernelTag tag("head.gather", k::ScopeKind::collective);
-      group.all_gather_v(x, size_t(R * hid), all, counts, DType::bf16);
-    }
-    const auto [v0, v1] = slice(group.rank());
+    const auto [v0, v1] = rank_columns(V, group.rank(), W);
     float* part = head_part.get(total * (v1 - v0));  // [total, v1 - v0], rows in rank order
     head_columns(all, total, lm, v0, v1, part);
-    for (int64_t q = 0; q < W; ++q) {
-      const auto [q0, q1] = slice(q);
-      counts[size_t(q)] = size_t(rows[size_t(q)] * (v1 - v0));
-      back[size_t(q)] = size_t(R * (q1 - q0));
-    }
-    float* got = head_back.get(R * V);  // from rank q: [R, its slice]
-    {
-      k::KernelTag tag("head.exchange", k::ScopeKind::collective);
-      group.all_to_all_v(part, counts, got, back, DType::f32);
-    }
-    for (int64_t q = 0, at = 0; q < W; ++q) {
-      const auto [q0, q1] = slice(q);
-      for (int64_t r = 0; r < R; ++r)
-        std::memcpy(logits + r * V + q0, got + at + r * (q1 - q0), size_t(q1 - q0) * sizeof(float));
-      at += R * (q1 - q0);
-    }
+    return_rows(part, rows, R, V, DType::f32, head_back, logits, "head");
   }
 
   ForwardOutput forward(const std::vector<SeqChunk>& chunks, PagedKvCache& cache, bool trace,
