@@ -99,6 +99,7 @@ struct DeepseekModel::Impl {
   Scratch<bf16> head_rows;
   Scratch<uint8_t> split_send, split_recv;  // the split dense FFN's packed rows
   Scratch<int32_t> eg_ids, eg_idx, eg_taps;
+  std::vector<int32_t> attn_tables, attn_seqlens;  // a batched mla_decode call's block table
   // Engram: the table shards, and each layer's fetch of this forward.
   std::unique_ptr<EngramBuffer> engram_buf;
   std::vector<EngramFetch> eg_fetch;
@@ -477,31 +478,51 @@ struct DeepseekModel::Impl {
       // The kept queries: each chunk's last rows, moved to the front in chunk order.
       const int64_t To = kept ? compact_rows(qa_, H * row, chunks, *kept) : T;
       bf16* ol = olat.get(To * H * r);  // [To, H, r] latent outputs
+      // Consecutive chunks with the same query count go as one call (a decode batch: one call per
+      // layer instead of one per sequence); the kernel's result for a sequence does not depend on
+      // the others in the call.
+      const auto queries = [&](size_t ci) {
+        return kept ? (*kept)[ci].num_tokens : chunks[ci].num_tokens;
+      };
       int64_t t = 0;
-      for (size_t ci = 0; ci < chunks.size(); ++ci) {
-        const SeqChunk& c = chunks[ci];
-        const int64_t nq = kept ? (*kept)[ci].num_tokens : c.num_tokens;
-        if (nq == 0) continue;
-        const auto& table = cache.block_table(c.cache_seq);
-        const int32_t seqlen = int32_t(c.start_pos + c.num_tokens);
+      for (size_t ci = 0; ci < chunks.size();) {
+        const int64_t nq = queries(ci);
+        if (nq == 0) {
+          ++ci;
+          continue;
+        }
+        size_t cj = ci + 1;
+        int64_t pages = int64_t(cache.block_table(chunks[ci].cache_seq).size());
+        for (; cj < chunks.size() && queries(cj) == nq; ++cj)
+          pages = std::max(pages, int64_t(cache.block_table(chunks[cj].cache_seq).size()));
+        const int64_t B = int64_t(cj - ci);
+        attn_tables.assign(size_t(B * pages), 0);
+        attn_seqlens.resize(size_t(B));
+        for (int64_t b = 0; b < B; ++b) {
+          const SeqChunk& c = chunks[ci + size_t(b)];
+          const auto& table = cache.block_table(c.cache_seq);
+          std::copy(table.begin(), table.end(), attn_tables.begin() + b * pages);
+          attn_seqlens[size_t(b)] = int32_t(c.start_pos + c.num_tokens);
+        }
         k::MlaDecodeParams ap;
         ap.q = qa_ + t * H * row;
         ap.kv_cache = cache.pages(li);
-        ap.block_table = table.data();
-        ap.cache_seqlens = &seqlen;
+        ap.block_table = attn_tables.data();
+        ap.cache_seqlens = attn_seqlens.data();
         ap.o = ol + t * H * r;
-        ap.batch = 1;
-        ap.s_q = nq;  // the last nq of the chunk's positions (bottom-right causal)
+        ap.batch = B;
+        ap.s_q = nq;  // the last nq of each chunk's positions (bottom-right causal)
         ap.num_heads = H;
         ap.head_dim = row;
         ap.head_dim_v = r;
         ap.page_size = cache.config().page_size;
         ap.num_pages = cache.config().num_pages;
-        ap.max_pages_per_seq = int64_t(table.size());
+        ap.max_pages_per_seq = pages;
         ap.softmax_scale = softmax_scale;
         ap.causal = true;
         k::mla_decode(ap);
-        t += nq;
+        t += B * nq;
+        ci = cj;
       }
       T = To;
       // o_h = W_UV,h · ō_h, heads concatenated [T, H·dv]: one batched GEMM over the heads.

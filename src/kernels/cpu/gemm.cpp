@@ -227,13 +227,6 @@ void SmallMChunksF32(const GemmArgs& g, const float* HWY_RESTRICT af, int64_t j0
   });
 }
 
-// SmallMChunks of a bf16 GEMM through bf16_dot_rows, activations a (row stride lda) in place.
-void SmallMChunksDot(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1) {
-  SmallMChunks(g, j0, j1, [&](const GemmArgs& s, int64_t r0, int64_t jt, int64_t je) {
-    bf16_dot_rows(s, a + r0 * lda, lda, jt, je);
-  });
-}
-
 // Any M in the small-M order (the batch-invariant bf16 GEMM): rows in chunks of kSmallM, one task
 // per column range, activations decoded once (or copied as padded bf16 rows for the BF16-dot
 // kernel).
@@ -253,7 +246,7 @@ void SmallMAll(const GemmArgs& g) {
     const int64_t ld = PadBf16Rows(
         g.m, g.k, [&](int64_t r) { return static_cast<const uint16_t*>(g.a) + r * g.k; }, a);
     kernel_pool().parallel_for(g.n, SmallMGrain(g.n, g.m), [&](int64_t j0, int64_t j1) {
-      SmallMChunksDot(g, a.get(), ld, j0, j1);
+      bf16_dot_rows(g, a.get(), ld, j0, j1);
     });
     return;
   }
@@ -326,7 +319,7 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
       const GemmArgs s = problem(b);
       const int64_t j1 = std::min(p.n, j0 + grain);
       if (dot)
-        SmallMChunksDot(s, ab.get() + b * p.m * ld, ld, j0, j1);
+        bf16_dot_rows(s, ab.get() + b * p.m * ld, ld, j0, j1);
       else
         SmallMChunksF32<true>(s, af.data() + b * p.m * K, j0, j1);
     }

@@ -69,9 +69,9 @@ struct ScopedAmx {
 // Whether bf16 GEMM rows sum with VDPBF16PS (bf16_dot_rows): the CPU has it and DecodeGemm is not
 // generic. Then every M <= kSmallM row, and in the batch-invariant mode every row, takes it.
 bool bf16_dot_gemm();
-// bf16 GEMM rows [0, g.m) (g.m <= kSmallM), output columns [j0, j1), with VDPBF16PS (32 products
-// an instruction, no decode to f32): a holds the rows' activations (bf16, row stride lda), g.w the
-// weight [n, k]. A row's sum order depends on k only.
+// bf16 GEMM rows [0, g.m), output columns [j0, j1), with VDPBF16PS (32 products an instruction,
+// no decode to f32): a holds the rows' activations (bf16, row stride lda), g.w the weight [n, k].
+// A row's sum order depends on k only.
 void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1);
 // The prefill kernel's weight panel from the decode layout: W[n0 + j, 128·kb + kk] as f32 at
 // out[p·32 + j] for j < 32, p = kk (swap_pairs: kk ^ 1) (64-byte aligned; columns past n are

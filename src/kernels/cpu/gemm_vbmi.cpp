@@ -197,9 +197,18 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
 // Lane l of a row's accumulator for a column takes the K pairs (32c + 2l, 32c + 2l + 1) for c = 0,
 // 1, ... in order (the K edge by masked loads of zeros); the lanes are summed in order at the end.
 // The order depends on K only, never on M or on how columns are tiled: every bf16 row of every
-// call sums the same way (batch invariance, docs/numerics.md §10). NC columns at a time share each
-// activation load (MM·NC accumulators in registers).
-// K pairs [32c, 32c + 32) (mask: the K edge) into the MM × NC accumulators.
+// call sums the same way (batch invariance, docs/numerics.md §10).
+// Tiling: output columns in tiles of kDotCols, K in slices of kDotSlice steps (32 K each). In a
+// slice every chunk of up to 8 rows runs over the tile's columns NC at a time (MM·NC accumulators
+// in registers, kept in memory between slices), so the slice's weights (kDotCols rows × 1 KiB)
+// and activations stay in L1 for every chunk and column group instead of streaming K whole past
+// each pair of columns (docs/performance.md §8). The first chunk prefetches the weights the next
+// slice (or the next tile's first slice) reads.
+constexpr int64_t kDotCols = 8;
+constexpr int64_t kDotSlice = 16;
+
+// K pairs [32c, 32c + 32) (mask: the K edge) into the MM × NC accumulators; pf (or null): the
+// weight rows' base for the prefetch of one line per row.
 template <int MM, int NC>
 DI_BF16_TARGET inline __attribute__((always_inline)) void Bf16DotStep(__m512 (&acc)[MM][NC],
                                                                       const uint16_t* w, int64_t K,
@@ -217,37 +226,83 @@ DI_BF16_TARGET inline __attribute__((always_inline)) void Bf16DotStep(__m512 (&a
   }
 }
 
+// Steps [c0, c1) for rows 0..MM-1 of a and the NC weight rows at w, continuing the accumulators
+// keep[r·kDotCols + n] (zeros where c0 == 0). pf, unless null: NC weight rows to prefetch, steps
+// [p0, p0 + c1 - c0) of them.
 template <int MM, int NC>
-DI_BF16_TARGET void Bf16DotTile(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j) {
-  const int64_t K = g.k, full = K / 32, rem = K % 32;
-  const int64_t ldo = g.ldo ? g.ldo : g.n;
-  const uint16_t* w = static_cast<const uint16_t*>(g.w) + j * K;
+DI_BF16_TARGET void Bf16DotSteps(__m512* keep, const uint16_t* w, int64_t K, const uint16_t* a,
+                                 int64_t lda, int64_t c0, int64_t c1, const uint16_t* pf,
+                                 int64_t p0) {
+  const int64_t full = K / 32;
   __m512 acc[MM][NC];
 #pragma GCC unroll 8
   for (int r = 0; r < MM; ++r)
 #pragma GCC unroll 8
-    for (int n = 0; n < NC; ++n) acc[r][n] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < full; ++c) Bf16DotStep<MM, NC>(acc, w, K, a, lda, c, __mmask32(~0u));
-  if (rem) Bf16DotStep<MM, NC>(acc, w, K, a, lda, full, __mmask32((1u << rem) - 1));
+    for (int n = 0; n < NC; ++n) acc[r][n] = c0 == 0 ? _mm512_setzero_ps() : keep[r * kDotCols + n];
+  for (int64_t c = c0; c < std::min(c1, full); ++c) {
+    if (pf)
+#pragma GCC unroll 8
+      for (int n = 0; n < NC; ++n)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + 32 * (p0 + c - c0)), _MM_HINT_T0);
+    Bf16DotStep<MM, NC>(acc, w, K, a, lda, c, __mmask32(~0u));
+  }
+  if (c1 > full) Bf16DotStep<MM, NC>(acc, w, K, a, lda, full, __mmask32((1u << (K % 32)) - 1));
 #pragma GCC unroll 8
   for (int r = 0; r < MM; ++r)
 #pragma GCC unroll 8
-    for (int n = 0; n < NC; ++n) {
-      const float v = hsum(acc[r][n]);
-      if (g.out)
-        g.out[r * ldo + j + n] = f32_to_bf16(v);
-      else
-        g.out_f32[r * ldo + j + n] = v;
-    }
+    for (int n = 0; n < NC; ++n) keep[r * kDotCols + n] = acc[r][n];
 }
 
+// Slice steps [c0, c1) of rows 0..MM-1 for columns [j, j + nj) (nj <= kDotCols) of tile w.
 template <int MM>
-DI_BF16_TARGET void Bf16DotRange(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0,
-                                 int64_t j1) {
+DI_BF16_TARGET void Bf16DotChunk(__m512* keep, const uint16_t* w, int64_t K, const uint16_t* a,
+                                 int64_t lda, int64_t nj, int64_t c0, int64_t c1,
+                                 const uint16_t* pf, int64_t p0) {
   constexpr int kNC = MM >= 5 ? 2 : MM >= 2 ? 4 : 1;
-  int64_t j = j0;
-  for (; j + kNC <= j1; j += kNC) Bf16DotTile<MM, kNC>(g, a, lda, j);
-  for (; j < j1; ++j) Bf16DotTile<MM, 1>(g, a, lda, j);
+  int64_t n = 0;
+  for (; n + kNC <= nj; n += kNC)
+    Bf16DotSteps<MM, kNC>(keep + n, w + n * K, K, a, lda, c0, c1, pf ? pf + n * K : nullptr, p0);
+  for (; n < nj; ++n)
+    Bf16DotSteps<MM, 1>(keep + n, w + n * K, K, a, lda, c0, c1, pf ? pf + n * K : nullptr, p0);
+}
+
+DI_BF16_TARGET void Bf16DotColumns(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0,
+                                   int64_t j1) {
+  const int64_t K = g.k, steps = (K + 31) / 32, ldo = g.ldo ? g.ldo : g.n;
+  const auto* w = static_cast<const uint16_t*>(g.w);
+  struct alignas(64) Lanes {
+    float f[16];
+  };
+  thread_local std::vector<Lanes> keep_buf;  // [m][kDotCols] accumulators between slices
+  keep_buf.resize(size_t(g.m * kDotCols));
+  __m512* const keep = reinterpret_cast<__m512*>(keep_buf.data());
+  for (int64_t jt = j0; jt < j1; jt += kDotCols) {
+    const int64_t nj = std::min(kDotCols, j1 - jt);
+    const uint16_t* wt = w + jt * K;
+    for (int64_t c0 = 0; c0 < steps; c0 += kDotSlice) {
+      const int64_t c1 = std::min(steps, c0 + kDotSlice);
+      // What the next slice reads: this tile further on, or the next tile from its start (a
+      // prefetch past the matrix's end is harmless).
+      const bool last = c1 == steps;
+      const uint16_t* pf = last ? wt + kDotCols * K : wt;
+      const int64_t p0 = last ? 0 : c1;
+      for (int64_t r0 = 0; r0 < g.m; r0 += kSmallM) {
+        const uint16_t* ar = a + r0 * lda;
+        const uint16_t* pr = r0 == 0 ? pf : nullptr;
+        with_rows(std::min(kSmallM, g.m - r0), [&]<int MM>() {
+          Bf16DotChunk<MM>(keep + r0 * kDotCols, wt, K, ar, lda, nj, c0, c1, pr, p0);
+        });
+      }
+    }
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t n = 0; n < nj; ++n) {
+        const float v = hsum(keep[r * kDotCols + n]);
+        if (g.out)
+          g.out[r * ldo + jt + n] = f32_to_bf16(v);
+        else
+          g.out_f32[r * ldo + jt + n] = v;
+      }
+  }
 }
 
 // ---- decode layout ------------------------------------------------------------------------------
@@ -824,9 +879,9 @@ void run_decode_layout_multi(std::span<const GemmArgs> problems) {
 bool bf16_dot_gemm() { return cpu_has_bf16_dot() && g_decode_gemm != DecodeGemm::generic; }
 
 void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1) {
-  DI_CHECK(g.bf16_inputs && g.m >= 1 && g.m <= kSmallM && bf16_dot_gemm(),
+  DI_CHECK(g.bf16_inputs && g.m >= 1 && bf16_dot_gemm(),
            "bf16_dot_rows: m={} on a CPU or setting without it", g.m);
-  with_rows(g.m, [&]<int MM>() { Bf16DotRange<MM>(g, a, lda, j0, j1); });
+  Bf16DotColumns(g, a, lda, j0, j1);
 }
 
 bool invariant_pairs_swapped(const GemmArgs& g) {

@@ -5,6 +5,8 @@
 //    roofline_ratio: the time the slower of that bandwidth and the compute peak (BF16 dot products
 //    for the decode layout, else fp32 FMA) allows over the time taken, and speedups over the
 //    row-layout and Highway kernels, all in this run.
+//  - gemm_bf16_head (M = 1, 4, 16): the BF16 LM head from DRAM vs the read pass and the peak of
+//    the tile product it runs.
 //  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
 //    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
 //  - quant_per_token: bytes moved vs memcpy.
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -180,6 +183,78 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
                               {"speedup_vs_generic", s_generic / s}}};
       ctx.emit(r);
     }
+  }
+  return failures;
+}
+
+DEEPINFER_KERNEL_BENCH(gemm_bf16_head) {
+  // The BF16 LM head at decode (DeepSeek-V3's official checkpoints keep it in bf16): the
+  // synthetic model's vocabulary × hidden, M = the batch. Weights rotate over copies beyond the
+  // last-level cache (from DRAM, as in a decode step); the roofline is the slower of the 1 GiB read
+  // pass on the weight bytes and the peak of the instruction the kernel runs on 2·M·N·K.
+  int failures = 0;
+  const int64_t n = 32000, k = 2048;
+  const int64_t copies =
+      std::max<int64_t>(1, (int64_t(beyond_cache_bytes()) + 2 * n * k - 1) / (2 * n * k));
+  std::vector<std::shared_ptr<std::byte>> ws;
+  for (int64_t c = 0; c < copies; ++c) {
+    ws.push_back(deepinfer::detail::weight_alloc(size_t(n * k) * 2));
+    const auto w = random_bf16(n * k, uint64_t(300 + c), -0.1f, 0.1f);
+    std::memcpy(ws.back().get(), w.data(), size_t(n * k) * 2);
+  }
+  const double wbytes = double(n * k) * 2;
+  const double limit = ctx.read_gbps(kReadPassBytes);
+  const bool amx = cpu::amx_active(), dot = cpu::bf16_dot_gemm();
+  const double compute_peak = amx   ? ctx.amx_peak_gflops()
+                              : dot ? ctx.bf16_dot_peak_gflops()
+                                    : ctx.fma_peak_gflops();
+  ScopedBackend use(KernelBackend::cpu);
+  for (int64_t m : ctx.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 4, 16}) {
+    const auto a = random_bf16(m * k, uint64_t(m), -2.0f, 2.0f);
+    std::vector<float> out(size_t(m * n));
+    size_t next = 0;
+    auto call = [&] {
+      gemm_bf16({.a = a.data(),
+                 .w = reinterpret_cast<const bf16*>(ws[next++ % ws.size()].get()),
+                 .out_f32 = out.data(),
+                 .m = m,
+                 .n = n,
+                 .k = k});
+    };
+    for (int i = 0; i < 3; ++i) call();
+    const double s = ctx.time(call, 7, 0.3);
+    next = 0;
+    call();
+    const int64_t nc = 512;
+    std::vector<float> ref(size_t(m * nc)), got(size_t(m * nc));
+    host::gemm_bf16({.a = a.data(),
+                     .w = reinterpret_cast<const bf16*>(ws[0].get()),
+                     .out_f32 = ref.data(),
+                     .m = m,
+                     .n = nc,
+                     .k = k});
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(got.data() + r * nc, out.data() + r * n, size_t(nc) * 4);
+    const CaseResult c =
+        compare_buffers("out", DType::f32, got.data(), ref.data(), m * nc, {.rel_l2 = 1e-5});
+    failures += c.pass ? 0 : 1;
+    const double flops = 2.0 * double(m * n * k);
+    const double memory_s = wbytes / (limit * 1e9), compute_s = flops / (compute_peak * 1e9);
+    ctx.emit({.bench = "gemm_bf16_head",
+              .case_name = fmt::format("m={} n={} k={}", m, n, k),
+              .seconds = s,
+              .bytes = wbytes,
+              .flops = flops,
+              .limit = "read_gbps",
+              .limit_value = limit,
+              .ratio = wbytes / s / 1e9 / limit,
+              .correct = c.pass,
+              .rel_err = c.max_rel_err,
+              .extra = {{"compute_peak_gflops", compute_peak},
+                        {"compute_ratio", flops / s / 1e9 / compute_peak},
+                        {"roofline_ratio", std::max(memory_s, compute_s) / s},
+                        {"amx", amx ? 1.0 : 0.0},
+                        {"weight_copies", double(copies)}}});
   }
   return failures;
 }

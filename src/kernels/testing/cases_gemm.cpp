@@ -216,10 +216,18 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
     int64_t m, n, k;
     bool f32, quick;
   };
-  const Bf16 bf[] = {
-      {1, 129, 7168, false, true}, {3, 257, 200, false, true},   {2, 1000, 512, true, true},
-      {33, 64, 64, false, true},   {1, 1, 1, true, true},        {0, 16, 16, false, true},
-      {20, 72, 96, false, true},   {8, 4096, 1024, true, false}, {256, 512, 1536, false, false}};
+  const Bf16 bf[] = {{1, 129, 7168, false, true},
+                     {3, 257, 200, false, true},
+                     {2, 1000, 512, true, true},
+                     {33, 64, 64, false, true},
+                     {1, 1, 1, true, true},
+                     {0, 16, 16, false, true},
+                     {20, 72, 96, false, true},
+                     {8, 4096, 1024, true, false},
+                     {256, 512, 1536, false, false},
+                     // the VDPBF16PS kernel's K slices, K tail, partial column tile, two row chunks
+                     {16, 45, 1100, true, true},
+                     {5, 19, 2080, false, true}};
   for (const auto& d : bf)
     cases.push_back(
         {"gemm_bf16", fmt::format("m={} n={} k={}{}", d.m, d.n, d.k, d.f32 ? " f32" : ""), d.quick,
