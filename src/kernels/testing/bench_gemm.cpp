@@ -5,7 +5,7 @@
 //    roofline_ratio: the time the slower of that bandwidth and the compute peak (BF16 dot products
 //    for the decode layout, else fp32 FMA) allows over the time taken, and speedups over the
 //    row-layout and Highway kernels, all in this run.
-//  - gemm_bf16_head (M = 1, 4, 16): the BF16 LM head from DRAM vs the read pass and the peak of
+//  - gemm_bf16_head (M = 1, 2, 4, 16): the BF16 LM head from DRAM vs the read pass and the peak of
 //    the tile product it runs.
 //  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
 //    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
@@ -209,7 +209,7 @@ DEEPINFER_KERNEL_BENCH(gemm_bf16_head) {
                               : dot ? ctx.bf16_dot_peak_gflops()
                                     : ctx.fma_peak_gflops();
   ScopedBackend use(KernelBackend::cpu);
-  for (int64_t m : ctx.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 4, 16}) {
+  for (int64_t m : ctx.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 2, 4, 16}) {
     const auto a = random_bf16(m * k, uint64_t(m), -2.0f, 2.0f);
     std::vector<float> out(size_t(m * n));
     size_t next = 0;
