@@ -52,6 +52,11 @@ struct BenchContext {
   // weight streaming (a decode step reads its weights and writes almost nothing). Use >= 1 GiB so
   // no cache level holds the buffer.
   double read_gbps(size_t bytes);
+  // read_gbps measured again now (a long bench on a shared machine sees the bandwidth move).
+  double read_gbps_fresh(size_t bytes) {
+    read_cache.erase(bytes);
+    return read_gbps(bytes);
+  }
   // memcpy bandwidth (bytes copied per second, GB/s) on buffers of `bytes`, split over the pool:
   // the limit of timed copies (each byte is read and written).
   double memcpy_gbps(size_t bytes);
