@@ -881,7 +881,17 @@ bool bf16_dot_gemm() { return cpu_has_bf16_dot() && g_decode_gemm != DecodeGemm:
 void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1) {
   DI_CHECK(g.bf16_inputs && g.m >= 1 && bf16_dot_gemm(),
            "bf16_dot_rows: m={} on a CPU or setting without it", g.m);
-  Bf16DotColumns(g, a, lda, j0, j1);
+  // Rows in blocks, so the accumulators kept between K slices stay small (kDotRowBlock · 512 B a
+  // thread); a block's rows share each weight tile while it is in cache.
+  constexpr int64_t kDotRowBlock = 256;
+  const int64_t ldo = g.ldo ? g.ldo : g.n;
+  for (int64_t r0 = 0; r0 < g.m; r0 += kDotRowBlock) {
+    GemmArgs s = g;
+    s.m = std::min(kDotRowBlock, g.m - r0);
+    if (s.out) s.out += r0 * ldo;
+    if (s.out_f32) s.out_f32 += r0 * ldo;
+    Bf16DotColumns(s, a + r0 * lda, lda, j0, j1);
+  }
 }
 
 bool invariant_pairs_swapped(const GemmArgs& g) {

@@ -225,9 +225,11 @@ DEEPINFER_KERNEL_CASES(gemm_cases) {
                      {20, 72, 96, false, true},
                      {8, 4096, 1024, true, false},
                      {256, 512, 1536, false, false},
-                     // the VDPBF16PS kernel's K slices, K tail, partial column tile, two row chunks
+                     // the VDPBF16PS kernel's K slices, K tail, partial column tile, two row
+                     // chunks; two row blocks
                      {16, 45, 1100, true, true},
-                     {5, 19, 2080, false, true}};
+                     {5, 19, 2080, false, true},
+                     {300, 40, 96, true, true}};
   for (const auto& d : bf)
     cases.push_back(
         {"gemm_bf16", fmt::format("m={} n={} k={}{}", d.m, d.n, d.k, d.f32 ? " f32" : ""), d.quick,
