@@ -207,8 +207,7 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
 constexpr int64_t kDotCols = 8;
 constexpr int64_t kDotSlice = 16;
 
-// K pairs [32c, 32c + 32) (mask: the K edge) into the MM × NC accumulators; pf (or null): the
-// weight rows' base for the prefetch of one line per row.
+// K pairs [32c, 32c + 32) (mask: the K edge) into the MM × NC accumulators.
 template <int MM, int NC>
 DI_BF16_TARGET inline __attribute__((always_inline)) void Bf16DotStep(__m512 (&acc)[MM][NC],
                                                                       const uint16_t* w, int64_t K,
