@@ -68,6 +68,11 @@ struct BenchContext {
   // AMX BF16 tile-product peak (GFLOP/s, TDPBF16PS on 16 × 16 × 32 tiles) on every pool thread; 0
   // where the CPU or the OS has no AMX (cpu::cpu_has_amx).
   double amx_peak_gflops();
+  // The three peaks above are measured again at their next call.
+  void forget_peaks() {
+    fma_cache = 0;
+    bf16_dot_cache = amx_cache = -1;
+  }
   // Prints `r` as one JSON line to stdout.
   void emit(const BenchRecord& r);
 
