@@ -257,7 +257,9 @@ template <int MM>
 DI_BF16_TARGET void Bf16DotChunk(__m512* keep, const uint16_t* w, int64_t K, const uint16_t* a,
                                  int64_t lda, int64_t nj, int64_t c0, int64_t c1,
                                  const uint16_t* pf, int64_t p0) {
-  constexpr int kNC = MM >= 5 ? 2 : MM >= 2 ? 4 : 1;
+  // Two columns share each activation load from two rows up: four (tried for 2..4 rows) streamed
+  // the LM head 5-12% slower on one core (docs/performance.md §8).
+  constexpr int kNC = MM >= 2 ? 2 : 1;
   int64_t n = 0;
   for (; n + kNC <= nj; n += kNC)
     Bf16DotSteps<MM, kNC>(keep + n, w + n * K, K, a, lda, c0, c1, pf ? pf + n * K : nullptr, p0);
