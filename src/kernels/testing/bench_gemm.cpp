@@ -76,6 +76,30 @@ CaseResult check_against_host(const Fp8Rows& a, const Weights& w, int64_t m, int
                          {.rel_l2 = 1e-3});
 }
 
+// A weight-streaming GEMM's record (M = m rows against an n × k weight of wbytes): GB/s of the
+// weight against the read pass `limit`, and roofline_ratio: the time the slower of that pass and
+// the compute peak on 2·M·N·K allows over the time taken.
+BenchRecord streaming_record(const char* bench, int64_t m, int64_t n, int64_t k, double s,
+                             double wbytes, double limit, double compute_peak,
+                             const CaseResult& c) {
+  const double flops = 2.0 * double(m * n * k);
+  const double memory_s = wbytes / (limit * 1e9), compute_s = flops / (compute_peak * 1e9);
+  return {.bench = bench,
+          .case_name = fmt::format("m={} n={} k={}", m, n, k),
+          .seconds = s,
+          .bytes = wbytes,
+          .flops = flops,
+          .limit = "read_gbps",
+          .limit_value = limit,
+          .ratio = wbytes / s / 1e9 / limit,
+          .correct = c.pass,
+          .rel_err = c.max_rel_err,
+          .extra = {{"compute_peak_gflops", compute_peak},
+                    {"compute_ratio", compute_s / s},
+                    {"compute_bound", compute_s > memory_s ? 1.0 : 0.0},
+                    {"roofline_ratio", std::max(memory_s, compute_s) / s}}};
+}
+
 }  // namespace
 
 DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
@@ -152,35 +176,20 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
       gemm_fp8(ps[0]);
       const CaseResult c = check_against_host(a, w, m, n, k, out, m, 512);
       failures += c.pass ? 0 : 1;
-      // At M = 4..8 on few cores the multiply-adds, not the weight stream, bound the time: the
-      // roofline is the slower of the read pass on the weight bytes and the compute peak on
-      // 2·M·N·K, the peak of the instruction the kernel runs (BF16 dot products for the decode
-      // layout, else fp32 FMA).
-      const double flops = 2.0 * double(m * n * k);
+      // At M = 4..8 on few cores the multiply-adds, not the weight stream, bound the time; the
+      // compute peak is that of the instruction the kernel runs (BF16 dot products for the
+      // decode layout, else fp32 FMA).
       const double compute_peak =
           decode_layout ? ctx.bf16_dot_peak_gflops() : ctx.fma_peak_gflops();
-      const double memory_s = wbytes / (limit * 1e9), compute_s = flops / (compute_peak * 1e9);
-      const double roof_s = std::max(memory_s, compute_s);
-      BenchRecord r{.bench = "gemm_fp8_decode",
-                    .case_name = fmt::format("m={} n={} k={}", m, n, k),
-                    .seconds = s,
-                    .bytes = wbytes,
-                    .flops = flops,
-                    .limit = "read_gbps",
-                    .limit_value = limit,
-                    .ratio = wbytes / s / 1e9 / limit,
-                    .correct = c.pass,
-                    .rel_err = c.max_rel_err,
-                    .extra = {{"compute_peak_gflops", compute_peak},
-                              {"compute_bound", compute_s > memory_s ? 1.0 : 0.0},
-                              {"roofline_ratio", roof_s / s},
-                              {"decode_layout", decode_layout ? 1.0 : 0.0},
-                              {"weight_copies", double(copies)},
-                              {"ratio_cache_warm", wbytes / s_warm / 1e9 / limit_warm},
-                              {"speedup_vs_rows", s_rows / s},
-                              {"amx", cpu::amx_active() ? 1.0 : 0.0},
-                              {"speedup_vs_other_tile_product", s_other > 0 ? s_other / s : 0.0},
-                              {"speedup_vs_generic", s_generic / s}}};
+      BenchRecord r =
+          streaming_record("gemm_fp8_decode", m, n, k, s, wbytes, limit, compute_peak, c);
+      r.extra.insert({{"decode_layout", decode_layout ? 1.0 : 0.0},
+                      {"weight_copies", double(copies)},
+                      {"ratio_cache_warm", wbytes / s_warm / 1e9 / limit_warm},
+                      {"speedup_vs_rows", s_rows / s},
+                      {"amx", cpu::amx_active() ? 1.0 : 0.0},
+                      {"speedup_vs_other_tile_product", s_other > 0 ? s_other / s : 0.0},
+                      {"speedup_vs_generic", s_generic / s}});
       ctx.emit(r);
     }
   }
@@ -238,23 +247,9 @@ DEEPINFER_KERNEL_BENCH(gemm_bf16_head) {
     const CaseResult c =
         compare_buffers("out", DType::f32, got.data(), ref.data(), m * nc, {.rel_l2 = 1e-5});
     failures += c.pass ? 0 : 1;
-    const double flops = 2.0 * double(m * n * k);
-    const double memory_s = wbytes / (limit * 1e9), compute_s = flops / (compute_peak * 1e9);
-    ctx.emit({.bench = "gemm_bf16_head",
-              .case_name = fmt::format("m={} n={} k={}", m, n, k),
-              .seconds = s,
-              .bytes = wbytes,
-              .flops = flops,
-              .limit = "read_gbps",
-              .limit_value = limit,
-              .ratio = wbytes / s / 1e9 / limit,
-              .correct = c.pass,
-              .rel_err = c.max_rel_err,
-              .extra = {{"compute_peak_gflops", compute_peak},
-                        {"compute_ratio", flops / s / 1e9 / compute_peak},
-                        {"roofline_ratio", std::max(memory_s, compute_s) / s},
-                        {"amx", amx ? 1.0 : 0.0},
-                        {"weight_copies", double(copies)}}});
+    BenchRecord r = streaming_record("gemm_bf16_head", m, n, k, s, wbytes, limit, compute_peak, c);
+    r.extra.insert({{"amx", amx ? 1.0 : 0.0}, {"weight_copies", double(copies)}});
+    ctx.emit(r);
   }
   return failures;
 }
