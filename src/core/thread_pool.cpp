@@ -57,6 +57,18 @@ bool spin_until(Pred pred) {
   }
 }
 
+// Schedule::tapering's chunk bounds: each chunk about the work left ÷ (2 × threads), at least
+// grain, and no tail under grain. About 2 × threads × ln(n / grain) chunks, far below kChunkMask.
+void tapering_bounds(int64_t n, int64_t grain, int64_t threads, std::vector<int64_t>& bounds) {
+  bounds.assign(1, 0);
+  for (int64_t at = 0; at < n;) {
+    int64_t size = std::max(grain, (n - at + 2 * threads - 1) / (2 * threads));
+    if (n - at - size < grain) size = n - at;
+    at += size;
+    bounds.push_back(at);
+  }
+}
+
 struct DepthGuard {
   DepthGuard() { ++t_depth; }
   ~DepthGuard() { --t_depth; }
@@ -84,6 +96,7 @@ struct ThreadPool::Impl {
   // worker on the caller's own CPU that wait lasted until the caller's time slice ran out.
   const std::function<void(int64_t, int64_t)>* fn = nullptr;
   int64_t n = 0;
+  const int64_t* bounds = nullptr;  // tapering: chunk c is [bounds[c], bounds[c + 1])
   // Chunk claims: generation (high 24 bits), next chunk (20), chunks (20), so a claim is only
   // taken in the job it belongs to, and its chunk count is read in the same word.
   std::atomic<uint64_t> claim{0};
@@ -115,7 +128,10 @@ struct ThreadPool::Impl {
       }
       if (!failed.load(std::memory_order_relaxed)) {
         try {
-          (*fn)(c * n / chunks, (c + 1) * n / chunks);
+          if (bounds)
+            (*fn)(bounds[c], bounds[c + 1]);
+          else
+            (*fn)(c * n / chunks, (c + 1) * n / chunks);
         } catch (...) {
           std::lock_guard lock(mutex);
           if (!error) error = std::current_exception();
@@ -188,12 +204,23 @@ ThreadPool::~ThreadPool() { shutdown(); }
 int ThreadPool::num_threads() const { return impl_->num_threads; }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t)>& fn) {
+                              const std::function<void(int64_t, int64_t)>& fn, Schedule schedule) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t chunks = std::min(
-      {n / grain, int64_t(impl_->num_threads) * kChunksPerThread, int64_t(Impl::kChunkMask)});
-  if (chunks <= 1 || impl_->workers.empty() || t_depth > 0) {
+  if (impl_->workers.empty() || t_depth > 0) {  // inline: a nested call, or no workers
+    DepthGuard depth;
+    fn(0, n);
+    return;
+  }
+  // Tapering bounds; this thread's own, stable while its call runs (a call nested in a chunk runs
+  // inline above and does not touch them).
+  thread_local std::vector<int64_t> bounds;
+  if (schedule == Schedule::tapering) tapering_bounds(n, grain, impl_->num_threads, bounds);
+  const int64_t chunks = schedule == Schedule::tapering
+                             ? int64_t(bounds.size()) - 1
+                             : std::min({n / grain, int64_t(impl_->num_threads) * kChunksPerThread,
+                                         int64_t(Impl::kChunkMask)});
+  if (chunks <= 1) {
     DepthGuard depth;
     fn(0, n);
     return;
@@ -204,6 +231,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     std::lock_guard lock(p.mutex);
     p.fn = &fn;
     p.n = n;
+    p.bounds = schedule == Schedule::tapering ? bounds.data() : nullptr;
     p.failed.store(false, std::memory_order_relaxed);
     p.error = nullptr;
     p.done.store(0, std::memory_order_relaxed);

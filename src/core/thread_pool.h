@@ -13,10 +13,17 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  // How parallel_for cuts [0, n). `even`: equal chunks, a few per thread. `tapering`: chunks
+  // that shrink toward the end (each about the work left ÷ twice the threads, never under
+  // `grain`), so the threads finish within one small chunk of each other while most of the work
+  // still goes in long contiguous ranges: for weight streaming, where per-core speed varies.
+  enum class Schedule { even, tapering };
+
   int num_threads() const;
   // Calls fn(begin, end) on disjoint ranges covering [0, n), at least `grain` items each,
   // and returns when all are done. The calling thread takes part. Exceptions propagate.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
+                    Schedule schedule = Schedule::even);
 
  private:
   void shutdown();  // stops and joins the workers, frees impl_

@@ -2,6 +2,7 @@
 #include <deepinfer/error.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -17,30 +18,72 @@ namespace deepinfer {
 namespace {
 
 TEST(ThreadPool, CoversEveryIndexExactlyOnceWithGrain) {
+  using Schedule = ThreadPool::Schedule;
   for (int threads : {1, 2, 3, 8}) {
     ThreadPool pool(threads);
     EXPECT_EQ(pool.num_threads(), threads);
-    for (int64_t n : {0, 1, 2, 3, 7, 31, 100, 1000, 12345}) {
-      for (int64_t grain : {0, 1, 3, 64, 1000, 100000}) {
-        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-        std::mutex m;
-        std::vector<std::pair<int64_t, int64_t>> ranges;
-        pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+    for (Schedule schedule : {Schedule::even, Schedule::tapering})
+      for (int64_t n : {0, 1, 2, 3, 7, 31, 100, 1000, 12345}) {
+        for (int64_t grain : {0, 1, 3, 64, 1000, 100000}) {
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+          std::mutex m;
+          std::vector<std::pair<int64_t, int64_t>> ranges;
+          pool.parallel_for(
+              n, grain,
+              [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+                std::lock_guard lock(m);
+                ranges.emplace_back(b, e);
+              },
+              schedule);
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(hits[size_t(i)].load(), 1)
+                << "threads " << threads << " n " << n << " grain " << grain << " i " << i
+                << " tapering " << (schedule == Schedule::tapering);
+          if (n == 0) {
+            EXPECT_TRUE(ranges.empty());
+            continue;
+          }
+          for (auto [b, e] : ranges) {
+            EXPECT_LT(b, e);
+            EXPECT_GE(e - b, std::min(std::max<int64_t>(grain, 1), n)) << "range below grain";
+          }
+        }
+      }
+  }
+}
+
+// Tapering chunks shrink from about n / (2 × threads) at the start to the grain at the end: the
+// threads finish within one small chunk of each other, and most items go in long ranges.
+TEST(ThreadPool, TaperingChunksShrinkTowardTheEnd) {
+  for (int threads : {2, 4}) {
+    ThreadPool pool(threads);
+    const int64_t n = 100000, grain = 500;
+    std::mutex m;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    pool.parallel_for(
+        n, grain,
+        [&](int64_t b, int64_t e) {
           std::lock_guard lock(m);
           ranges.emplace_back(b, e);
-        });
-        for (int64_t i = 0; i < n; ++i)
-          ASSERT_EQ(hits[size_t(i)].load(), 1)
-              << "threads " << threads << " n " << n << " grain " << grain << " i " << i;
-        if (n == 0) {
-          EXPECT_TRUE(ranges.empty());
-          continue;
-        }
-        for (auto [b, e] : ranges) {
-          EXPECT_LT(b, e);
-          EXPECT_GE(e - b, std::min(std::max<int64_t>(grain, 1), n)) << "range below grain";
-        }
+        },
+        ThreadPool::Schedule::tapering);
+    std::sort(ranges.begin(), ranges.end());
+    ASSERT_GT(ranges.size(), size_t(2 * threads));
+    EXPECT_EQ(ranges.front().first, 0);
+    EXPECT_EQ(ranges.back().second, n);
+    EXPECT_EQ(ranges.front().second, (n + 2 * threads - 1) / (2 * threads))
+        << "threads " << threads;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const int64_t size = ranges[i].second - ranges[i].first;
+      EXPECT_GE(size, grain);
+      if (i > 0) {
+        EXPECT_EQ(ranges[i].first, ranges[i - 1].second);
+        // Non-increasing, except that the last chunk may take a remainder under two grains.
+        if (i + 1 < ranges.size())
+          EXPECT_LE(size, ranges[i - 1].second - ranges[i - 1].first);
+        else
+          EXPECT_LT(size, 2 * grain);
       }
     }
   }

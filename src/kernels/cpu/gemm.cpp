@@ -245,8 +245,8 @@ void SmallMAll(const GemmArgs& g) {
     hwy::AlignedFreeUniquePtr<uint16_t[]> a;
     const int64_t ld = PadBf16Rows(
         g.m, g.k, [&](int64_t r) { return static_cast<const uint16_t*>(g.a) + r * g.k; }, a);
-    kernel_pool().parallel_for(g.n, SmallMGrain(g.n, g.m), [&](int64_t j0, int64_t j1) {
-      bf16_dot_rows(g, a.get(), ld, j0, j1);
+    parallel_for_streaming((g.n + kDotTaskCols - 1) / kDotTaskCols, [&](int64_t t0, int64_t t1) {
+      bf16_dot_rows(g, a.get(), ld, t0 * kDotTaskCols, std::min(g.n, t1 * kDotTaskCols));
     });
     return;
   }

@@ -4,6 +4,7 @@
 #include <deepinfer/dtype.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 namespace deepinfer::kernels::cpu {
@@ -21,6 +22,13 @@ struct GemmArgs {
   int64_t ldo = 0;                    // output row stride (0: n); the small-M kernels only
 };
 constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
+
+// The pool dispatch of the weight-streaming GEMMs (decode layout, BF16-dot): fn(u0, u1) over work
+// units [0, units) in tapering chunks down to 1/32 of a thread's share. How fast a core streams
+// varies within a call (the VM's bandwidth, the other core's work), and with a few equal chunks a
+// thread the caller waited out about half a chunk at the end of each call: 2.5-3.5 ms of a 35 ms
+// batch-16 step (docs/performance.md §8).
+void parallel_for_streaming(int64_t units, const std::function<void(int64_t, int64_t)>& fn);
 
 // Rows [r, r + rows) of an fp8 GEMM g as a GEMM of its own.
 inline GemmArgs fp8_row_slice(const GemmArgs& g, int64_t r, int64_t rows) {
@@ -73,6 +81,8 @@ bool bf16_dot_gemm();
 // no decode to f32): a holds the rows' activations (bf16, row stride lda), g.w the weight [n, k].
 // A row's sum order depends on k only.
 void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1);
+// Output columns per pool work unit of bf16_dot_rows: whole column tiles (two of its 8).
+constexpr int64_t kDotTaskCols = 16;
 // The prefill kernel's weight panel from the decode layout: W[n0 + j, 128·kb + kk] as f32 at
 // out[p·32 + j] for j < 32, p = kk (swap_pairs: kk ^ 1) (64-byte aligned; columns past n are
 // zero). Returns false, doing nothing, where g has no decode layout, n0 % 32 != 0, or the CPU or

@@ -35,6 +35,12 @@ namespace deepinfer::kernels::cpu {
 namespace {
 bool batch_invariant_knob() { return knobs().batch_invariant; }
 }  // namespace
+
+void parallel_for_streaming(int64_t units, const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t threads = kernel_pool().num_threads();
+  kernel_pool().parallel_for(units, std::max<int64_t>(1, units / (32 * threads)), fn,
+                             ThreadPool::Schedule::tapering);
+}
 }  // namespace deepinfer::kernels::cpu
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -720,8 +726,7 @@ DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
     }
     release_tiles();
   };
-  const int64_t units = start[count], threads = kernel_pool().num_threads();
-  kernel_pool().parallel_for(units, std::max<int64_t>(1, units / (4 * threads)), body);
+  parallel_for_streaming(start[count], body);
 }
 
 DI_VBMI_TARGET void Run(const GemmArgs& g) {
