@@ -85,6 +85,18 @@ want=$(sed -n 's/^project(deepinfer VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
 [[ $rc -eq 0 && $ver == "deepinfer $want" ]] && ok=1 || ok=0
 report "--version" $ok "exit $rc: $ver (CMakeLists.txt: $want)"
 
+echo "--- bench decode --vs-ep1: EP 2 against EP 1 on the same sequences, in one run"
+user_error "--vs-ep1 without --ep N" 2 '--vs-ep1 compares EP N with EP 1: give --ep N with N >= 2 \(got --ep 1\)' \
+  "$DEEPINFER" bench decode --model "$MODEL" --vs-ep1
+"$DEEPINFER" bench decode --model "$MODEL" --ep 2 --vs-ep1 --batch 1,3 --reps 1 --decode-tokens 8 \
+  --prompt-tokens 8 >"$LOGS/vs_ep1.out" 2>"$LOGS/vs_ep1.err"; rc=$?
+# Each decode line checked (its greedy tokens equal EP 1's: the exact combine gives the same bits at
+# every EP size) and carrying the ratio; batch 3 per rank has more experts than one sequence's 4.
+lines=$(grep -c '"case":"[^"]* decode batch [13]"' "$LOGS/vs_ep1.out")
+good=$(grep -cE '"correct":true.*"greedy_identical_ep1":1\.0.*"ratio_vs_ep1":[0-9]*\.[0-9]*[1-9]' "$LOGS/vs_ep1.out")
+[[ $rc -eq 0 && $lines -eq 2 && $good -eq 2 ]] && ok=1 || ok=0
+report "--vs-ep1: tokens equal EP 1's, ratio printed" $ok "exit $rc, $good of $lines decode lines"
+
 echo "--- faults that cannot act at the world size"
 user_error "--fault a2av-hang --world 2" 2 '--fault a2av-hang acts only at world sizes >= 4, so at --world 2 the suite would pass' \
   "$DEEPINFER" check collectives --comm local --fault a2av-hang --world 2 --quick
