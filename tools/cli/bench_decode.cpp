@@ -146,6 +146,7 @@ class Turns {
       // A turn is one run of a batch (or a profile): ten minutes without one is a hang.
       if (!cv_.wait_for(lock, std::chrono::minutes(10),
                         [&] { return failed_ || slot_ == 2 * k + w; })) {
+        if (!failed_) first_failed_ = w;
         failed_ = true;
         cv_.notify_all();
         throw Error(fmt::format(
@@ -159,7 +160,7 @@ class Turns {
     try {
       f();
     } catch (...) {
-      fail();
+      fail(w);
       throw;
     }
     std::lock_guard lock(mu_);
@@ -169,10 +170,16 @@ class Turns {
       cv_.notify_all();
     }
   }
-  void fail() {
+  // World w failed: the other's next turn throws. The first world to fail holds the cause.
+  void fail(int w) {
     std::lock_guard lock(mu_);
+    if (!failed_) first_failed_ = w;
     failed_ = true;
     cv_.notify_all();
+  }
+  int first_failed() {
+    std::lock_guard lock(mu_);
+    return first_failed_;
   }
 
  private:
@@ -182,6 +189,7 @@ class Turns {
   int64_t slot_ = 0;
   int done_ = 0;
   bool failed_ = false;
+  int first_failed_ = -1;
 };
 
 // Mean over decode steps of the (MoE layer, expert) pairs the batch routes to: the experts a step
@@ -294,7 +302,7 @@ int run_bench_decode(BenchDecodeCli o) {
         });
       } catch (...) {
         ep1_error = std::current_exception();
-        turns->fail();
+        turns->fail(1);
       }
     });
   }
@@ -574,8 +582,10 @@ int run_bench_decode(BenchDecodeCli o) {
     });
   } catch (...) {
     if (turns) {
-      turns->fail();
+      turns->fail(0);
       ep1_thread.join();
+      // The cause, not "the other world failed".
+      if (turns->first_failed() == 1 && ep1_error) std::rethrow_exception(ep1_error);
     }
     throw;
   }
