@@ -114,6 +114,37 @@ DI_VBMI_TARGET inline float hsum(__m512 v) {
   return s;
 }
 
+// hsum of 16 accumulators at once, the same adds in the same order: a 16 × 16 transpose (lane l
+// of every accumulator in t[l]), then 0 + t[0] + t[1] + ... + t[15]. (The maskz forms: GCC 12 warns
+// inside the plain unpack and shuffle intrinsics, and CI builds with -Werror.)
+DI_VBMI_TARGET inline __m512 Hsum16(const __m512* acc) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_ps(0xffff, acc[2 * i], acc[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(0xffff, acc[2 * i], acc[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d a2 = _mm512_castps_pd(t[4 * i + 2]), a3 = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, a0, a2));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, a0, a2));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, a1, a3));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, a1, a3));
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      t[8 * h + i] = _mm512_maskz_shuffle_f32x4(0xffff, u[8 * h + i], u[8 * h + 4 + i], 0x88);
+      t[8 * h + 4 + i] = _mm512_maskz_shuffle_f32x4(0xffff, u[8 * h + i], u[8 * h + 4 + i], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    u[i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[8 + i], 0x88);
+    u[8 + i] = _mm512_maskz_shuffle_f32x4(0xffff, t[i], t[8 + i], 0xdd);
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int l = 0; l < 16; ++l) sum = _mm512_add_ps(sum, u[l]);
+  return sum;
+}
+
 struct Decoder {
   __m512i lo0, lo1, hi0, hi1, sign;
   DI_VBMI_TARGET Decoder() {
@@ -280,8 +311,9 @@ DI_BF16_TARGET void Bf16DotColumns(const GemmArgs& g, const uint16_t* a, int64_t
   struct alignas(64) Lanes {
     float f[16];
   };
-  thread_local std::vector<Lanes> keep_buf;  // [m][kDotCols] accumulators between slices
-  keep_buf.resize(size_t(g.m * kDotCols));
+  // [m][kDotCols] accumulators between slices, and one spare row for the lane sums' pairs.
+  thread_local std::vector<Lanes> keep_buf;
+  keep_buf.resize(size_t((g.m + 1) * kDotCols));
   __m512* const keep = reinterpret_cast<__m512*>(keep_buf.data());
   for (int64_t jt = j0; jt < j1; jt += kDotCols) {
     const int64_t nj = std::min(kDotCols, j1 - jt);
@@ -301,14 +333,21 @@ DI_BF16_TARGET void Bf16DotColumns(const GemmArgs& g, const uint16_t* a, int64_t
         });
       }
     }
-    for (int64_t r = 0; r < g.m; ++r)
-      for (int64_t n = 0; n < nj; ++n) {
-        const float v = hsum(keep[r * kDotCols + n]);
-        if (g.out)
-          g.out[r * ldo + jt + n] = f32_to_bf16(v);
-        else
-          g.out_f32[r * ldo + jt + n] = v;
-      }
+    auto put = [&](int64_t r, int64_t n, float v) {
+      if (g.out)
+        g.out[r * ldo + jt + n] = f32_to_bf16(v);
+      else
+        g.out_f32[r * ldo + jt + n] = v;
+    };
+    // Two rows' accumulators (16, contiguous; one row and 8 spare ones for the last of an odd m)
+    // at once: at K = 64..256 (the absorbed attention's per-head GEMMs) the lane sums one at a
+    // time were most of the kernel's work. Columns past nj are other values, summed and dropped.
+    for (int64_t r = 0; r < g.m; r += 2) {
+      alignas(64) float v[16];
+      _mm512_store_ps(v, Hsum16(keep + r * kDotCols));
+      for (int64_t i = 0; i < std::min<int64_t>(2, g.m - r); ++i)
+        for (int64_t n = 0; n < nj; ++n) put(r + i, n, v[i * kDotCols + n]);
+    }
   }
 }
 

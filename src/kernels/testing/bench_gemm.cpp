@@ -7,6 +7,8 @@
 //    row-layout and Highway kernels, all in this run.
 //  - gemm_bf16_head (M = 1, 2, 4, 16): the BF16 LM head from DRAM vs the read pass and the peak of
 //    the tile product it runs.
+//  - gemm_bf16_heads (M = 1, 16): the absorbed attention's per-head GEMMs, 16 heads in one call
+//    (K = 64 to the latent, K = 256 back), cache-resident, vs the peak of the instruction they run.
 //  - gemm_fp8_prefill (M = 512): GFLOP/s vs the measured fp32 FMA peak (goal >= 0.5), and time vs
 //    OpenBLAS sgemm on the dequantised f32 weights (ratio = blas_seconds / seconds; goal > 1).
 //  - quant_per_token: bytes moved vs memcpy.
@@ -251,6 +253,59 @@ DEEPINFER_KERNEL_BENCH(gemm_bf16_head) {
     r.extra.insert({{"amx", amx ? 1.0 : 0.0}, {"weight_copies", double(copies)}});
     ctx.emit(r);
   }
+  return failures;
+}
+
+DEEPINFER_KERNEL_BENCH(gemm_bf16_heads) {
+  // The synthetic model's absorbed MLA at decode: q_nope [M, 16 heads, 64] times each head's W_UK
+  // [256, 64] into the latent, and the attention output [M, 16, 256] times W_UV [64, 256] back.
+  // Their weights (1 MiB a layer) stay in cache; the small K makes the end of each output's sum a
+  // large share of the work.
+  int failures = 0;
+  const int64_t heads = 16;
+  struct Shape {
+    int64_t n, k;
+  };
+  const bool amx = cpu::amx_active(), dot = cpu::bf16_dot_gemm();
+  const double compute_peak = amx   ? ctx.amx_peak_gflops()
+                              : dot ? ctx.bf16_dot_peak_gflops()
+                                    : ctx.fma_peak_gflops();
+  ScopedBackend use(KernelBackend::cpu);
+  for (const Shape sh : {Shape{256, 64}, Shape{64, 256}})
+    for (int64_t m : {int64_t(1), int64_t(16)}) {
+      const int64_t n = sh.n, k = sh.k;
+      const auto a = random_bf16(m * heads * k, uint64_t(m + k), -2.0f, 2.0f);
+      const auto w = random_bf16(heads * n * k, uint64_t(n + 5), -0.1f, 0.1f);
+      std::vector<float> out(size_t(m * heads * n)), ref(out.size());
+      GemmBf16Params p{.a = a.data(), .w = w.data(), .out_f32 = out.data(), .m = m, .n = n, .k = k};
+      p.batch = heads;
+      p.lda = heads * k;
+      p.ldo = heads * n;
+      p.a_batch = k;
+      p.w_batch = n * k;
+      p.out_batch = n;
+      for (int i = 0; i < 20; ++i) gemm_bf16(p);
+      const double s = ctx.time([&] { gemm_bf16(p); }, 9, 0.2);
+      GemmBf16Params h = p;
+      h.out_f32 = ref.data();
+      host::gemm_bf16(h);
+      const CaseResult c = compare_buffers("out", DType::f32, out.data(), ref.data(),
+                                           int64_t(out.size()), {.rel_l2 = 1e-5});
+      failures += c.pass ? 0 : 1;
+      const double flops = 2.0 * double(m * heads * n * k);
+      BenchRecord r;
+      r.bench = "gemm_bf16_heads";
+      r.case_name = fmt::format("heads={} m={} n={} k={}", heads, m, n, k);
+      r.seconds = s;
+      r.flops = flops;
+      r.limit = amx ? "amx_peak_gflops" : dot ? "bf16_dot_peak_gflops" : "fma_peak_gflops";
+      r.limit_value = compute_peak;
+      r.ratio = flops / s / 1e9 / compute_peak;
+      r.correct = c.pass;
+      r.rel_err = c.max_rel_err;
+      r.extra = {{"gflops", flops / s / 1e9}};
+      ctx.emit(r);
+    }
   return failures;
 }
 
