@@ -87,6 +87,16 @@ struct GemmBf16Params {
   bool exact = false;
   int64_t row_a() const { return lda ? lda : k; }
   int64_t row_out() const { return ldo ? ldo : n; }
+  // `heads` problems in the packed attention-head layout: a [m, heads, k], w [heads, n, k],
+  // out [m, heads, n].
+  void set_heads(int64_t heads) {
+    batch = heads;
+    lda = heads * k;
+    ldo = heads * n;
+    a_batch = k;
+    w_batch = n * k;
+    out_batch = n;
+  }
   // Elements spanned from the base pointer (what a recording must copy).
   int64_t extent_a() const { return span(a_batch, m, row_a(), k); }
   int64_t extent_w() const { return span(w_batch, n, k, k); }

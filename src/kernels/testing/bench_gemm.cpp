@@ -278,12 +278,7 @@ DEEPINFER_KERNEL_BENCH(gemm_bf16_heads) {
       const auto w = random_bf16(heads * n * k, uint64_t(n + 5), -0.1f, 0.1f);
       std::vector<float> out(size_t(m * heads * n)), ref(out.size());
       GemmBf16Params p{.a = a.data(), .w = w.data(), .out_f32 = out.data(), .m = m, .n = n, .k = k};
-      p.batch = heads;
-      p.lda = heads * k;
-      p.ldo = heads * n;
-      p.a_batch = k;
-      p.w_batch = n * k;
-      p.out_batch = n;
+      p.set_heads(heads);
       for (int i = 0; i < 20; ++i) gemm_bf16(p);
       const double s = ctx.time([&] { gemm_bf16(p); }, 9, 0.2);
       GemmBf16Params h = p;

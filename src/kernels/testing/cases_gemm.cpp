@@ -121,14 +121,7 @@ CaseResult run_bf16(int64_t m, int64_t n, int64_t k, bool f32_out, uint64_t seed
                    .n = n,
                    .k = k,
                    .exact = exact};
-  if (batch != 1) {
-    p.batch = batch;
-    p.lda = batch * k;
-    p.ldo = batch * n;
-    p.a_batch = k;
-    p.w_batch = n * k;
-    p.out_batch = n;
-  }
+  if (batch != 1) p.set_heads(batch);
   if (exact) return compare_backends(gemm_bf16, p, Tolerance{.rel_l2 = 0});
   const CaseResult r = compare_backends(gemm_bf16, p, f32_out ? kF32Out : kBf16Out);
   if (!r.pass) return r;
