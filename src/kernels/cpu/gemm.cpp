@@ -262,9 +262,10 @@ void SmallMAll(const GemmArgs& g) {
 // Several bf16 problems (GemmBf16Params::batch, strided) in the small-M order, every problem's
 // column-range tasks in one pool dispatch: the per-head GEMMs of a decode step wake the pool once.
 // False, doing nothing, where a single call of the shape would take another kernel (M > kSmallM
-// outside the invariant mode, or k = 0): the caller runs the problems one by one.
+// outside the invariant mode on a CPU without BF16 dot products, or k = 0): the caller runs the
+// problems one by one.
 bool GemmBf16Batched(const GemmBf16Params& p) {
-  if ((p.m > kSmallM && !small_m_invariant()) || p.k == 0) return false;
+  if ((p.m > kSmallM && !small_m_invariant() && !bf16_dot_gemm()) || p.k == 0) return false;
   if (p.m == 0 || p.n == 0 || p.batch == 0) return true;
   const int64_t K = p.k, lda = p.row_a(), ldo = p.row_out();
   // Problem b's GEMM (columns set by the caller).
@@ -458,12 +459,12 @@ void LargeM(const GemmArgs& g) {
   });
 }
 
-// Batch-invariant mode, M > kSmallM: the decode layout kernel over chunks of kSmallM rows, panel
-// by panel (the chunks share each panel's weights in L2). Each row gets the bytes the prefill
-// kernel would give it (invariant_pairs_swapped: the two agree bit for bit), but the weights go
-// through BF16 dot products, about twice the fp32 FMA rate here, instead of being unpacked into f32
-// panels for FMA: faster at every M measured (docs/performance.md §8). False, doing nothing, where
-// the decode layout kernel does not take the shape.
+// M > kSmallM: the decode layout kernel over chunks of kSmallM rows, panel by panel (the chunks
+// share each panel's weights in L2). In the batch-invariant mode each row gets the bytes the
+// prefill kernel would give it (invariant_pairs_swapped: the two agree bit for bit). The weights
+// go through BF16 dot products, about twice the fp32 FMA rate here, instead of being unpacked into
+// f32 panels for FMA: faster at every M measured (docs/performance.md §8), so the mode off takes
+// it too. False, doing nothing, where the decode layout kernel does not take the shape.
 bool ChunkedDecodeLayout(const GemmArgs& g) {
   if (g.m <= kSmallM || !takes_decode_layout_chunked(g)) return false;  // (bf16: not taken)
   run_decode_layout_multi(std::span<const GemmArgs>(&g, 1));
@@ -479,7 +480,9 @@ void Gemm(const GemmArgs& g) {
       for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);
     return;
   }
-  if (g.bf16_inputs && small_m_invariant()) {
+  // bf16: one order for every M in the invariant mode; with BF16 dot products (or AMX) that
+  // kernel is also the fastest at every M, so the mode off takes it too.
+  if (g.bf16_inputs && (small_m_invariant() || bf16_dot_gemm())) {
     SmallMAll<true>(g);
     return;
   }
@@ -554,9 +557,9 @@ void gemm_fp8(const GemmFp8Params& p) {
 }
 
 void gemm_fp8_multi(std::span<const GemmFp8Params> problems) {
-  // What Gemm would give each problem: the decode layout kernel for M <= kSmallM (and, batch
-  // invariant, a larger M in kSmallM-row chunks, as ChunkedDecodeLayout), all of those in one
-  // dispatch; anything else one call at a time.
+  // What Gemm would give each problem: the decode layout kernel for M <= kSmallM (and a larger M
+  // in kSmallM-row chunks, as ChunkedDecodeLayout), all of those in one dispatch; anything else
+  // one call at a time.
   std::vector<GemmArgs> layout;
   for (const GemmFp8Params& p : problems) {
     const GemmArgs g{p.a, p.a_scales, p.w, p.w_scales, p.out,     p.out_f32,

@@ -49,7 +49,8 @@ bool gemm_fp8_small_m_vbmi(const GemmArgs& g);
 // Whether gemm_fp8_small_m_vbmi runs g on the decode layout kernel.
 bool takes_decode_layout(const GemmArgs& g);
 // Whether g runs on the decode layout kernel: M <= kSmallM as takes_decode_layout says, larger M
-// in the batch-invariant mode in kSmallM-row chunks (each row gets the prefill kernel's bytes).
+// in kSmallM-row chunks where the first chunk would (in the batch-invariant mode each row then
+// gets the prefill kernel's bytes; outside it the chunks are simply the faster kernel).
 bool takes_decode_layout_chunked(const GemmArgs& g);
 // Problems that each take it (takes_decode_layout_chunked), in one pool dispatch over all their
 // panels, a larger M's row chunks panel by panel; every problem gets the bytes it gets alone.

@@ -910,8 +910,9 @@ bool gemm_fp8_small_m_vbmi(const GemmArgs& g) {
 }
 
 bool takes_decode_layout_chunked(const GemmArgs& g) {
-  if (g.m <= kSmallM) return takes_decode_layout(g);
-  return small_m_invariant() && takes_decode_layout(fp8_row_slice(g, 0, kSmallM));
+  // Larger M in kSmallM-row chunks in either mode: faster than the prefill kernel at every M
+  // measured (docs/performance.md §8), so the mode off has no reason to leave it.
+  return takes_decode_layout(g.m <= kSmallM ? g : fp8_row_slice(g, 0, kSmallM));
 }
 
 void run_decode_layout_multi(std::span<const GemmArgs> problems) {

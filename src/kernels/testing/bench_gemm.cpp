@@ -5,6 +5,9 @@
 //    roofline_ratio: the time the slower of that bandwidth and the compute peak (BF16 dot products
 //    for the decode layout, else fp32 FMA) allows over the time taken, and speedups over the
 //    row-layout and Highway kernels, all in this run.
+//  - gemm_fp8_moe (batch 1, 4, 16): one MoE layer's routed experts in one gemm_fp8_multi, weight
+//    GB/s of the experts the batch touches vs the read pass, and the roofline with the compute
+//    peak.
 //  - gemm_bf16_head (M = 1, 2, 4, 16): the BF16 LM head from DRAM vs the read pass and the peak of
 //    the tile product it runs.
 //  - gemm_bf16_heads (M = 1, 16): the absorbed attention's per-head GEMMs, 16 heads in one call
@@ -21,6 +24,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -192,6 +196,122 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_decode) {
                       {"amx", cpu::amx_active() ? 1.0 : 0.0},
                       {"speedup_vs_other_tile_product", s_other > 0 ? s_other / s : 0.0},
                       {"speedup_vs_generic", s_generic / s}});
+      ctx.emit(r);
+    }
+  }
+  return failures;
+}
+
+DEEPINFER_KERNEL_BENCH(gemm_fp8_moe) {
+  // One MoE layer's routed experts at decode, as the runtime runs them: the gate and up GEMMs of
+  // every expert a batch of B tokens touches (top-4 of 32, random routing) in one gemm_fp8_multi,
+  // each with its own row count, then their down GEMMs in another; the synthetic model's shapes
+  // (gate, up [512, 2048], down [2048, 512]). Each expert's three layouts lie one after the other
+  // as the loader leaves them, and layers rotate beyond the last-level cache. The bytes are the
+  // touched experts' weights, held against the read pass, with the roofline on the slower of that
+  // pass and the BF16-dot (or FMA) peak.
+  int failures = 0;
+  const int64_t experts = 32, top_k = 4, hidden = 2048, inter = 512;
+  const bool dot = cpu::bf16_dot_gemm();
+  const double compute_peak = dot ? ctx.bf16_dot_peak_gflops() : ctx.fma_peak_gflops();
+  const double limit = ctx.read_gbps(kReadPassBytes);
+  const Weights w_in = random_weights(inter, hidden, 11),
+                w_down = random_weights(hidden, inter, 12);
+  const size_t in_bytes = decode_layout_bytes(inter, hidden);
+  const size_t down_bytes = decode_layout_bytes(hidden, inter);
+  const int64_t expert_bytes = 3 * inter * hidden;
+  // Calls rotate over the layers and, within a layer, over 8 shifts of the routing (expert e reads
+  // expert (e + 4·shift) mod 32's weights), so that even batch 1's 4 experts read layers · 8 · 4
+  // experts' bytes before any repeats.
+  const int64_t layers = std::max<int64_t>(
+      3, (int64_t(beyond_cache_bytes()) + experts * expert_bytes - 1) / (experts * expert_bytes));
+  // [layer][expert]: gate, up, down layouts (every expert's values the same: the kernel reads
+  // only the layout).
+  std::vector<std::array<std::shared_ptr<std::byte>, 3>> layouts;
+  if (in_bytes)
+    for (int64_t i = 0; i < layers * experts; ++i) {
+      auto& l = layouts.emplace_back();
+      for (int j = 0; j < 3; ++j) {
+        const Weights& w = j < 2 ? w_in : w_down;
+        l[size_t(j)] = deepinfer::detail::weight_alloc(j < 2 ? in_bytes : down_bytes);
+        pack_decode_layout(w.q.data(), j < 2 ? inter : hidden, j < 2 ? hidden : inter,
+                           reinterpret_cast<uint8_t*>(l[size_t(j)].get()));
+      }
+    }
+  ScopedBackend use(KernelBackend::cpu);
+  for (int64_t batch : ctx.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 4, 16}) {
+    // Rows per expert: top_k distinct experts for each token.
+    std::vector<int64_t> rows(size_t(experts), 0);
+    uint64_t state = uint64_t(batch) * 0x9e3779b97f4a7c15ull + 7;
+    for (int64_t t = 0; t < batch; ++t) {
+      std::vector<bool> taken(size_t(experts), false);
+      for (int64_t j = 0; j < top_k;) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t e = int64_t((state >> 33) % uint64_t(experts));
+        if (taken[size_t(e)]) continue;
+        taken[size_t(e)] = true;
+        ++rows[size_t(e)];
+        ++j;
+      }
+    }
+    std::vector<int64_t> touched;
+    int64_t total_rows = 0;
+    for (int64_t e = 0; e < experts; ++e)
+      if (rows[size_t(e)] > 0) {
+        touched.push_back(e);
+        total_rows += rows[size_t(e)];
+      }
+    for (const bool down : {false, true}) {
+      const int64_t n = down ? hidden : inter, k = down ? inter : hidden;
+      const Weights& w = down ? w_down : w_in;
+      std::vector<Fp8Rows> acts;
+      std::vector<std::vector<bf16>> outs;
+      for (int64_t e : touched) {
+        acts.push_back(random_fp8_activations(rows[size_t(e)], k, uint64_t(e + 100 * batch)));
+        outs.emplace_back(size_t(rows[size_t(e)] * n));
+        if (!down) outs.emplace_back(size_t(rows[size_t(e)] * n));
+      }
+      int64_t calls = 0;
+      std::vector<GemmFp8Params> ps;
+      auto call = [&] {
+        ps.clear();
+        const int64_t layer = calls % layers, shift = 4 * (calls / layers % 8);
+        for (size_t i = 0; i < touched.size(); ++i) {
+          const int64_t e = touched[i], we = (e + shift) % experts;
+          for (int j = down ? 2 : 0; j < (down ? 3 : 2); ++j)
+            ps.push_back(
+                {.a = acts[i].q.data(),
+                 .a_scales = acts[i].scales.data(),
+                 .w = w.q.data(),
+                 .w_scales = w.scales.data(),
+                 .out = outs[ps.size()].data(),
+                 .m = rows[size_t(e)],
+                 .n = n,
+                 .k = k,
+                 .w_decode = in_bytes ? reinterpret_cast<const uint8_t*>(
+                                            layouts[size_t(layer * experts + we)][size_t(j)].get())
+                                      : nullptr});
+        }
+        gemm_fp8_multi(ps);
+        ++calls;
+      };
+      for (int i = 0; i < 8 * int(layers); ++i) call();
+      const double s = ctx.time(call, 9, 0.3);
+      CaseResult c;  // every output against host
+      for (size_t i = 0; i < ps.size() && c.pass; ++i) {
+        const int64_t m = ps[i].m;
+        c = check_against_host(acts[down ? i : i / 2], w, m, n, k, outs[i], m, 256);
+      }
+      failures += c.pass ? 0 : 1;
+      const double wbytes = double(ps.size()) * (double(n * k) + double(w.scales.size() * 4));
+      BenchRecord r = streaming_record("gemm_fp8_moe", total_rows, n * int64_t(down ? 1 : 2), k, s,
+                                       wbytes, limit, compute_peak, c);
+      r.case_name =
+          fmt::format("{} batch={} experts={} rows={} n={} k={}", down ? "down" : "gate+up", batch,
+                      touched.size(), total_rows, down ? n : 2 * n, k);
+      r.extra.insert({{"decode_layout", in_bytes ? 1.0 : 0.0},
+                      {"layers", double(layers)},
+                      {"experts_touched", double(touched.size())}});
       ctx.emit(r);
     }
   }
