@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
@@ -66,11 +67,24 @@ void expect_row_invariant(const RowsFn& run, const std::string& what) {
 
 // ---- GEMM -------------------------------------------------------------------------------------
 
-// The GEMM cases run in the batch-invariant mode (DEEPINFER_BATCH_INVARIANT=on); the default
+// The GEMM cases run in the batch-invariant mode (DEEPINFER_BATCH_INVARIANT=on), or with the mode
+// off where the CPU has BF16 dot products: there `off` takes the same kernels at every M, as no
+// other is faster (docs/numerics.md §10), so it must be invariant too. Elsewhere the default
 // streaming decode kernels are checked for correctness by the harness, not for invariance.
-struct InvariantGemm {
-  InvariantGemm() { cpu::set_decode_gemm(cpu::DecodeGemm::invariant); }
-  ~InvariantGemm() { cpu::set_decode_gemm(cpu::DecodeGemm::automatic); }
+struct GemmMode {
+  explicit GemmMode(bool off) : saved(knobs()) {
+    if (off) {
+      Knobs k = saved;
+      k.batch_invariant = false;  // DecodeGemm::automatic follows the knob
+      set_knobs(k);
+    }
+    cpu::set_decode_gemm(off ? cpu::DecodeGemm::automatic : cpu::DecodeGemm::invariant);
+  }
+  ~GemmMode() {
+    set_knobs(saved);
+    cpu::set_decode_gemm(cpu::DecodeGemm::automatic);
+  }
+  const Knobs saved;
 };
 
 struct Fp8GemmCase {
@@ -81,6 +95,7 @@ struct Fp8GemmCase {
   // in one block, so a block's sum rounds and its order shows. Quantised random values mostly sum
   // exactly, in any order.
   bool wide = false;
+  bool mode_off = false;  // DEEPINFER_BATCH_INVARIANT=off (GemmMode)
 };
 
 testing::Fp8Rows wide_rows(int64_t rows, int64_t k, uint64_t seed, bool weight) {
@@ -95,7 +110,7 @@ testing::Fp8Rows wide_rows(int64_t rows, int64_t k, uint64_t seed, bool weight) 
 }
 
 void gemm_fp8_case(const Fp8GemmCase& c) {
-  const InvariantGemm mode;
+  const GemmMode mode(c.mode_off);
   const auto a =
       c.wide ? wide_rows(kPool, c.k, 11, false) : testing::random_fp8_activations(kPool, c.k, 11);
   const auto w = c.wide ? wide_rows(c.n, c.k, 12, true) : testing::random_fp8_weights(c.n, c.k, 12);
@@ -131,7 +146,7 @@ void gemm_fp8_case(const Fp8GemmCase& c) {
       },
       "gemm_fp8 n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
           (wd.empty() ? "" : " decode layout") + (c.f32_out ? " f32" : "") +
-          (c.wide ? " wide" : ""));
+          (c.wide ? " wide" : "") + (c.mode_off ? " mode off" : ""));
 }
 
 TEST(BatchInvariance, GemmFp8DecodeLayout) {  // on VDPBF16PS, also where AMX is the default
@@ -140,6 +155,14 @@ TEST(BatchInvariance, GemmFp8DecodeLayout) {  // on VDPBF16PS, also where AMX is
   gemm_fp8_case({.n = 288, .k = 512, .decode_layout = true, .f32_out = false});
   gemm_fp8_case({.n = 200, .k = 256, .decode_layout = true, .f32_out = true});
   gemm_fp8_case({.n = 200, .k = 384, .decode_layout = true, .f32_out = true, .wide = true});
+}
+
+TEST(BatchInvariance, GemmFp8DecodeLayoutModeOff) {  // larger M in 8-row chunks there too
+  if (decode_layout_bytes(256, 512) == 0) GTEST_SKIP() << "no decode layout on this CPU";
+  const cpu::ScopedAmx vdpbf16ps(false);
+  gemm_fp8_case({.n = 288, .k = 512, .decode_layout = true, .f32_out = false, .mode_off = true});
+  gemm_fp8_case(
+      {.n = 200, .k = 384, .decode_layout = true, .f32_out = true, .wide = true, .mode_off = true});
 }
 
 TEST(BatchInvariance, GemmFp8DecodeLayoutAmx) {  // 16-row tiles: M = 17, 33, 130 span several
@@ -163,7 +186,7 @@ TEST(BatchInvariance, GemmFp8KEdge) {  // k % 128 != 0: the generic kernels' zer
 
 TEST(BatchInvariance, GemmFp8GroupedContiguous) {
   // Rows of expert 1 between segments of experts 0 and 2 whose lengths vary with M.
-  const InvariantGemm mode;
+  const GemmMode mode(false);
   const int64_t n = 160, k = 256, kbs = num_blocks(k), E = 3;
   const auto a = testing::random_fp8_activations(kPool, k, 21);
   const auto w = testing::random_fp8_expert_weights(E, n, k, 22);
@@ -203,8 +226,8 @@ TEST(BatchInvariance, GemmFp8GroupedContiguous) {
       "gemm_fp8_grouped_contiguous (expert 1)");
 }
 
-void gemm_bf16_case(int64_t n, int64_t k, bool f32_out) {
-  const InvariantGemm mode;
+void gemm_bf16_case(int64_t n, int64_t k, bool f32_out, bool mode_off) {
+  const GemmMode mode(mode_off);
   const auto a = random_bf16(kPool * k, 31, -2.0f, 2.0f);
   const auto w = random_bf16(n * k, 32, -0.1f, 0.1f);
   expect_row_invariant(
@@ -228,21 +251,28 @@ void gemm_bf16_case(int64_t n, int64_t k, bool f32_out) {
                                  : bytes_of(out.data() + i * n, n));
         return rows;
       },
-      "gemm_bf16 n=" + std::to_string(n) + " k=" + std::to_string(k));
+      "gemm_bf16 n=" + std::to_string(n) + " k=" + std::to_string(k) +
+          (mode_off ? " mode off" : ""));
 }
 
-void gemm_bf16_cases() {
-  gemm_bf16_case(288, 512, false);
-  gemm_bf16_case(130, 64, true);   // the absorbed-MLA shapes: k < 128
-  gemm_bf16_case(32, 128, false);  // n < one panel
-  gemm_bf16_case(120, 96, false);  // AMX: a partial second 16-column tile at the matrix's end
+void gemm_bf16_cases(bool mode_off = false) {
+  gemm_bf16_case(288, 512, false, mode_off);
+  gemm_bf16_case(130, 64, true, mode_off);   // the absorbed-MLA shapes: k < 128
+  gemm_bf16_case(32, 128, false, mode_off);  // n < one panel
+  gemm_bf16_case(120, 96, false, mode_off);  // AMX: a partial second 16-column tile at the end
   // 8·k f32 activations beyond L1's budget: column tiles (the last one partial) and a K edge
-  gemm_bf16_case(100, 1000, true);
+  gemm_bf16_case(100, 1000, true, mode_off);
 }
 
 TEST(BatchInvariance, GemmBf16) {  // VDPBF16PS (else Highway), also where AMX is the default
   const cpu::ScopedAmx vdpbf16ps(false);
   gemm_bf16_cases();
+}
+
+TEST(BatchInvariance, GemmBf16ModeOff) {  // the BF16-dot kernel at every M there too
+  if (!cpu::bf16_dot_gemm()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  const cpu::ScopedAmx vdpbf16ps(false);
+  gemm_bf16_cases(/*mode_off=*/true);
 }
 
 TEST(BatchInvariance, GemmBf16Amx) {  // 16-row B tiles: M = 17, 33, 130 span several
