@@ -226,7 +226,8 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_moe) {
   const int64_t layers = std::max<int64_t>(
       3, (int64_t(beyond_cache_bytes()) + experts * expert_bytes - 1) / (experts * expert_bytes));
   // [layer][expert]: gate, up, down layouts (every expert's values the same: the kernel reads
-  // only the layout).
+  // only the layout). Without a decode layout (no AVX512-BF16) every expert reads the one
+  // row-layout weight, from cache: the line says decode_layout 0, and its ratio is no DRAM figure.
   std::vector<std::array<std::shared_ptr<std::byte>, 3>> layouts;
   if (in_bytes)
     for (int64_t i = 0; i < layers * experts; ++i) {
