@@ -259,13 +259,16 @@ void SmallMAll(const GemmArgs& g) {
   });
 }
 
+// Whether bf16 GEMMs of every M take the small-M kernels (SmallMAll): in the invariant mode for
+// its one order, and with BF16 dot products (or AMX) in either mode, as no kernel is faster there.
+bool Bf16SmallMAtEveryM() { return small_m_invariant() || bf16_dot_gemm(); }
+
 // Several bf16 problems (GemmBf16Params::batch, strided) in the small-M order, every problem's
 // column-range tasks in one pool dispatch: the per-head GEMMs of a decode step wake the pool once.
 // False, doing nothing, where a single call of the shape would take another kernel (M > kSmallM
-// outside the invariant mode on a CPU without BF16 dot products, or k = 0): the caller runs the
-// problems one by one.
+// where !Bf16SmallMAtEveryM(), or k = 0): the caller runs the problems one by one.
 bool GemmBf16Batched(const GemmBf16Params& p) {
-  if ((p.m > kSmallM && !small_m_invariant() && !bf16_dot_gemm()) || p.k == 0) return false;
+  if ((p.m > kSmallM && !Bf16SmallMAtEveryM()) || p.k == 0) return false;
   if (p.m == 0 || p.n == 0 || p.batch == 0) return true;
   const int64_t K = p.k, lda = p.row_a(), ldo = p.row_out();
   // Problem b's GEMM (columns set by the caller).
@@ -480,9 +483,7 @@ void Gemm(const GemmArgs& g) {
       for (int64_t j = 0; j < g.n; ++j) Store(g, r, j, 0.0f);
     return;
   }
-  // bf16: one order for every M in the invariant mode; with BF16 dot products (or AMX) that
-  // kernel is also the fastest at every M, so the mode off takes it too.
-  if (g.bf16_inputs && (small_m_invariant() || bf16_dot_gemm())) {
+  if (g.bf16_inputs && Bf16SmallMAtEveryM()) {
     SmallMAll<true>(g);
     return;
   }

@@ -243,16 +243,15 @@ DEEPINFER_KERNEL_BENCH(gemm_fp8_moe) {
   for (int64_t batch : ctx.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 4, 16}) {
     // Rows per expert: top_k distinct experts for each token.
     std::vector<int64_t> rows(size_t(experts), 0);
-    uint64_t state = uint64_t(batch) * 0x9e3779b97f4a7c15ull + 7;
     for (int64_t t = 0; t < batch; ++t) {
       std::vector<bool> taken(size_t(experts), false);
-      for (int64_t j = 0; j < top_k;) {
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        const int64_t e = int64_t((state >> 33) % uint64_t(experts));
-        if (taken[size_t(e)]) continue;
-        taken[size_t(e)] = true;
-        ++rows[size_t(e)];
-        ++j;
+      for (uint64_t draw = 0, j = 0; j < uint64_t(top_k); ++draw) {
+        const auto e = size_t(hash64(uint64_t(batch), uint64_t(t) * 1000 + draw) % experts);
+        if (!taken[e]) {
+          taken[e] = true;
+          ++rows[e];
+          ++j;
+        }
       }
     }
     std::vector<int64_t> touched;
