@@ -88,9 +88,16 @@ void gemm_fp8_multi(std::span<const GemmFp8Params> problems) {
   for (size_t i = 0; i < problems.size(); ++i)
     if (fault_matches(OpSpec<GemmFp8Params>::name, next_call_index(OpSpec<GemmFp8Params>::name)))
       faulty.push_back(i);
-  if (Profiler* prof = active_profiler(); prof != nullptr) [[unlikely]]
-    detail::profile_call(*prof, "gemm_fp8_multi", [&] { cpu::gemm_fp8_multi(problems); });
-  else
+  if (Profiler* prof = active_profiler(); prof != nullptr) [[unlikely]] {
+    KernelWork work{.fp8 = true};  // one dispatch: its roofline is that of all its problems
+    for (const auto& p : problems) {
+      const KernelWork w = OpSpec<GemmFp8Params>::work(p);
+      work.weight_bytes += w.weight_bytes;
+      work.flops += w.flops;
+    }
+    detail::profile_call(
+        *prof, "gemm_fp8_multi", [&] { cpu::gemm_fp8_multi(problems); }, work);
+  } else
     cpu::gemm_fp8_multi(problems);
   for (size_t i : faulty) detail::apply_fault(collect_buffers(problems[i]));
 }

@@ -150,6 +150,13 @@ struct OpSpec<GemmFp8Params> {
   static std::string shape(const GemmFp8Params& p) {
     return fmt::format("m={} n={} k={}{}", p.m, p.n, p.k, p.out_f32 ? " f32" : "");
   }
+  // The codes and scales of w (the decode layout holds the same bytes), once, and 2·m·n·k.
+  static KernelWork work(const GemmFp8Params& p) {
+    if (p.m == 0) return {.fp8 = true};
+    return {.weight_bytes = double(p.n * p.k) + double(num_blocks(p.n) * num_blocks(p.k)) * 4,
+            .flops = 2.0 * double(p.m) * double(p.n) * double(p.k),
+            .fp8 = true};
+  }
   template <class V>
   static void visit(GemmFp8Params& p, V& v) {
     v.in("a", p.a, p.m * p.k);
@@ -203,6 +210,12 @@ struct OpSpec<GemmBf16Params> {
     return fmt::format("m={} n={} k={}{}{}", p.m, p.n, p.k,
                        p.batch != 1 ? fmt::format(" batch={}", p.batch) : "",
                        p.out_f32 ? " f32" : "");
+  }
+  // Every problem's w, once, and 2·m·n·k per problem.
+  static KernelWork work(const GemmBf16Params& p) {
+    if (p.m == 0) return {};
+    const double problems = double(p.batch), nk = double(p.n) * double(p.k);
+    return {.weight_bytes = problems * nk * 2, .flops = problems * 2.0 * double(p.m) * nk};
   }
   template <class V>
   static void visit(GemmBf16Params& p, V& v) {

@@ -26,11 +26,16 @@ ScopedProfiler::ScopedProfiler(Profiler* p) : saved_(t_profiler) { t_profiler = 
 ScopedProfiler::~ScopedProfiler() { t_profiler = saved_; }
 
 void Profiler::on_kernel(std::string_view op, std::string_view tag, double seconds,
-                         double pool_wait) {
+                         double pool_wait, const KernelWork& work) {
   OpStat& s = kernels_[{std::string(tag), std::string(op)}];
   ++s.calls;
   s.seconds += seconds;
   s.pool_wait += pool_wait;
+  s.weight_bytes += work.weight_bytes;
+  s.flops += work.flops;
+  const double peak = work.fp8 ? limits_.fp8_peak_gflops : limits_.peak_gflops;
+  if (limits_.read_gbps > 0 && peak > 0)  // one call's roofline: it reads and computes at once
+    s.floor += std::max(work.weight_bytes / (limits_.read_gbps * 1e9), work.flops / (peak * 1e9));
 }
 
 void Profiler::on_scope(std::string_view tag, ScopeKind kind, double seconds) {
@@ -59,22 +64,68 @@ std::string Profiler::table(int64_t steps, double total_seconds) const {
     o.calls += s.calls;
     o.seconds += s.seconds;
     o.pool_wait += s.pool_wait;
+    o.weight_bytes += s.weight_bytes;
+    o.flops += s.flops;
+    o.floor += s.floor;
   }
   std::vector<std::pair<std::string, OpStat>> by_time(ops.begin(), ops.end());
   std::sort(by_time.begin(), by_time.end(),
             [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
-  out += fmt::format("# {:<22} {:>9} {:>10} {:>10} {:>10} {:>7}\n", "op", "calls", "ms", "compute",
-                     "pool wait", "% step");
-  double kernel_ms = 0;
+  const bool floors = limits_.read_gbps > 0 && limits_.peak_gflops > 0;
+  out += fmt::format("# {:<22} {:>9} {:>10} {:>10} {:>10} {:>7}{}\n", "op", "calls", "ms",
+                     "compute", "pool wait", "% step",
+                     floors ? fmt::format(" {:>10} {:>8}", "floor", "x floor") : "");
+  double kernel_ms = 0, floor_ms = 0, floored_ms = 0;
   for (const auto& [op, s] : by_time) {
     const double ms = s.seconds * per;
     kernel_ms += ms;
-    out += fmt::format("# {:<22} {:>9.1f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.1f}\n", op,
+    std::string fl;
+    if (floors && s.floor > 0) {
+      fl = fmt::format(" {:>10.3f} {:>8.2f}", s.floor * per, s.seconds / s.floor);
+      floor_ms += s.floor * per;
+      floored_ms += ms;
+    }
+    out += fmt::format("# {:<22} {:>9.1f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.1f}{}\n", op,
                        double(s.calls) / double(std::max<int64_t>(steps, 1)), ms,
-                       (s.seconds - s.pool_wait) * per, s.pool_wait * per, pct(ms));
+                       (s.seconds - s.pool_wait) * per, s.pool_wait * per, pct(ms), fl);
   }
   out += fmt::format("# {:<22} {:>9} {:>10.3f} {:>10} {:>10} {:>7.1f}\n", "all kernels", "",
                      kernel_ms, "", "", pct(kernel_ms));
+  if (floors)
+    out += fmt::format(
+        "# floor: each GEMM call at the slower of reading its weights at {:.1f} GB/s and its flops "
+        "at {:.0f} GFLOP/s (fp8: {:.0f}); the GEMMs take {:.3f} ms against {:.3f} ms ({:.2f}x), "
+        "the step {:.2f}x the floors\n",
+        limits_.read_gbps, limits_.peak_gflops, limits_.fp8_peak_gflops, floored_ms, floor_ms,
+        floor_ms > 0 ? floored_ms / floor_ms : 0.0, floor_ms > 0 ? total_ms / floor_ms : 0.0);
+  if (floors) {
+    // The GEMMs by place (the tag without its layer number: every layer's attention together),
+    // most time over the floor first: where a faster kernel would pay.
+    std::map<std::pair<std::string, std::string>, OpStat> places;
+    for (const auto& [key, s] : kernels_) {
+      if (s.floor <= 0) continue;
+      std::string place = key.first;
+      if (place.rfind("layer", 0) == 0) {
+        const size_t dot = place.find('.');
+        place = dot == std::string::npos ? "layer" : "layer*" + place.substr(dot);
+      }
+      OpStat& o = places[{place.empty() ? "(no scope)" : place, key.second}];
+      o.calls += s.calls;
+      o.seconds += s.seconds;
+      o.floor += s.floor;
+    }
+    std::vector<std::pair<std::string, OpStat>> by_loss;
+    for (const auto& [key, s] : places) by_loss.push_back({key.first + " " + key.second, s});
+    std::sort(by_loss.begin(), by_loss.end(), [](const auto& a, const auto& b) {
+      return a.second.seconds - a.second.floor > b.second.seconds - b.second.floor;
+    });
+    out += fmt::format("# {:<36} {:>7} {:>10} {:>10} {:>8} {:>10}\n", "GEMMs by place", "calls",
+                       "ms", "floor", "x floor", "over");
+    for (const auto& [name, s] : by_loss)
+      out += fmt::format("# {:<36} {:>7.1f} {:>10.3f} {:>10.3f} {:>8.2f} {:>10.3f}\n", name,
+                         double(s.calls) / double(std::max<int64_t>(steps, 1)), s.seconds * per,
+                         s.floor * per, s.seconds / s.floor, (s.seconds - s.floor) * per);
+  }
 
   // Per top-level part, in the order the forward runs them (layers numerically).
   std::vector<std::string> parts;

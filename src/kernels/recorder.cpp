@@ -42,11 +42,12 @@ Recorder* active_recorder() { return g_recorder.load(std::memory_order_acquire);
 
 namespace detail {
 
-void profile_call(Profiler& prof, const char* op, const std::function<void()>& run) {
+void profile_call(Profiler& prof, const char* op, const std::function<void()>& run,
+                  const KernelWork& work) {
   const int64_t wait0 = pool_wait_ns(), t0 = now_ns();
   run();
   const int64_t t1 = now_ns(), wait1 = pool_wait_ns();
-  prof.on_kernel(op, t_tag, double(t1 - t0) * 1e-9, double(wait1 - wait0) * 1e-9);
+  prof.on_kernel(op, t_tag, double(t1 - t0) * 1e-9, double(wait1 - wait0) * 1e-9, work);
 }
 
 void record_call(Recorder& rec, const char* op, uint64_t index, std::string shape,

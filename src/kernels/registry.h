@@ -196,7 +196,8 @@ bool fault_matches(const char* op, uint64_t index);
 void perturb_buffer(const BufferSlot& slot);
 
 namespace detail {
-void profile_call(Profiler& prof, const char* op, const std::function<void()>& run);
+void profile_call(Profiler& prof, const char* op, const std::function<void()>& run,
+                  const KernelWork& work = {});
 void record_call(Recorder& rec, const char* op, uint64_t index, std::string shape,
                  KernelBackend backend, const std::vector<BufferSlot>& slots,
                  const std::function<void()>& run,
@@ -216,9 +217,12 @@ void dispatch(const P& p, void (*host_fn)(const P&), void (*cpu_fn)(const P&)) {
   const bool fault = backend == KernelBackend::cpu && fault_matches(Spec::name, index);
   Recorder* rec = active_recorder();
   if (rec == nullptr) [[likely]] {
-    if (Profiler* prof = active_profiler(); prof != nullptr) [[unlikely]]
-      detail::profile_call(*prof, Spec::name, [&] { fn(p); });
-    else
+    if (Profiler* prof = active_profiler(); prof != nullptr) [[unlikely]] {
+      KernelWork work;  // ops whose OpSpec says what they stream and compute (GEMMs)
+      if constexpr (requires { Spec::work(p); }) work = Spec::work(p);
+      detail::profile_call(
+          *prof, Spec::name, [&] { fn(p); }, work);
+    } else
       fn(p);
     if (fault) detail::apply_fault(collect_buffers(p));
     return;

@@ -1,6 +1,8 @@
 // The decode profile's accounting (kernels/profiler.h) against what the test itself did: call
 // counts, scope nesting, collective time net of the kernels inside, and the pool-wait counter
-// against a wait the test arranges.
+// against a wait the test arranges, and each GEMM call's floor against the closed form
+// max(weight bytes / read bandwidth, flops / peak).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/gemm.h"
 #include "kernels/profiler.h"
 #include "kernels/recorder.h"
 #include "kernels/swiglu.h"
@@ -89,6 +92,65 @@ TEST(Profiler, PoolWaitIsTheCallersWaitForWorkers) {
     EXPECT_LT(waited, 0.025);
   }
   EXPECT_LT(waited, 5.0);
+}
+
+// A bf16 GEMM m×n×k reads 2·n·k weight bytes and does 2·m·n·k flops; an fp8 one n·k codes plus
+// its 4-byte 128×128 block scales. Limits chosen so one call is read-bound and one compute-bound.
+TEST(Profiler, GemmFloorIsTheSlowerOfReadAndCompute) {
+  const int64_t m = 4, n = 256, k = 256;
+  std::vector<bf16> a(size_t(m * k), bf16(0.25f)), w(size_t(n * k), bf16(0.5f));
+  std::vector<float> out(size_t(m * n));
+  std::vector<fp8_e4m3> a8(size_t(m * k), fp8_e4m3(1.0f)), w8(size_t(n * k), fp8_e4m3(0.5f));
+  std::vector<float> as(size_t(m * num_blocks(k)), 1.0f),
+      ws(size_t(num_blocks(n) * num_blocks(k)), 1.0f);
+  std::vector<bf16> o1(size_t(m * n)), o2(size_t(m * n));
+  // 1 GB/s and 1 GFLOP/s: bf16 reads 131072 B (131 µs) and computes 524288 flops (524 µs); the
+  // fp8 peak of 10 GFLOP/s makes the multi call (two problems: 131072 + 16 scale bytes, twice the
+  // flops) read-bound: 131.1 µs against 104.9 µs.
+  const RooflineLimits lim{.read_gbps = 1.0, .peak_gflops = 1.0, .fp8_peak_gflops = 10.0};
+  Profiler prof;
+  prof.set_limits(lim);
+  {
+    ScopedProfiler use(&prof);
+    gemm_bf16({.a = a.data(), .w = w.data(), .out_f32 = out.data(), .m = m, .n = n, .k = k});
+    std::vector<GemmFp8Params> multi(2);
+    for (int i = 0; i < 2; ++i)
+      multi[size_t(i)] = {.a = a8.data(),
+                          .a_scales = as.data(),
+                          .w = w8.data(),
+                          .w_scales = ws.data(),
+                          .out = i ? o2.data() : o1.data(),
+                          .m = m,
+                          .n = n,
+                          .k = k};
+    gemm_fp8_multi(multi);
+  }
+  const auto& bf = prof.kernels().at({"", "gemm_bf16"});
+  EXPECT_DOUBLE_EQ(bf.weight_bytes, double(2 * n * k));
+  EXPECT_DOUBLE_EQ(bf.flops, double(2 * m * n * k));
+  EXPECT_DOUBLE_EQ(bf.floor, double(2 * m * n * k) / 1e9);  // compute-bound
+  const auto& mu = prof.kernels().at({"", "gemm_fp8_multi"});
+  const double bytes = 2.0 * double(n * k + num_blocks(n) * num_blocks(k) * 4);
+  EXPECT_DOUBLE_EQ(mu.weight_bytes, bytes);
+  EXPECT_DOUBLE_EQ(mu.flops, 4.0 * double(m * n * k));
+  EXPECT_DOUBLE_EQ(mu.floor, bytes / 1e9);  // read-bound at the fp8 peak
+  const std::string table = prof.table(1, 0.01);
+  EXPECT_NE(table.find("x floor"), std::string::npos);
+  EXPECT_NE(table.find("# floor: each GEMM call"), std::string::npos);
+  // The op rows sum into the floor line (ms per step, one step here).
+  EXPECT_NE(table.find(fmt::format("against {:.3f} ms", (bf.floor + mu.floor) * 1e3)),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("(no scope) gemm_bf16"), std::string::npos) << table;  // GEMMs by place
+
+  // Without limits there are no floors and no floor columns.
+  Profiler bare;
+  {
+    ScopedProfiler use(&bare);
+    gemm_bf16({.a = a.data(), .w = w.data(), .out_f32 = out.data(), .m = m, .n = n, .k = k});
+  }
+  EXPECT_EQ(bare.kernels().at({"", "gemm_bf16"}).floor, 0.0);
+  EXPECT_EQ(bare.table(1, 0.01).find("x floor"), std::string::npos);
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // step reads (shared weights once, the distinct experts the batch routes to); at EP 1 also against
 // the compute time of the step's GEMM flops at the BF16-dot (else FMA) peak, and `roofline_ratio`
 // against the larger of the two (a large batch is compute-bound on a CPU). --profile prints the
-// decode step per op and per layer (docs/performance.md §8). --model synthetic writes a
+// decode step per op and per layer, each GEMM op against the rooflines of its calls
+// (docs/performance.md §8). --model synthetic writes a
 // DeepSeek-V3-architecture model with random weights (fixed seed; FP8 linears) in HF layout into
 // --synthetic-dir and loads it. --speculative mtp [--draft-tokens k] adds a line for
 // self-speculative decode (docs/architecture.md §6.1): tokens/s against plain decode's of the same
@@ -387,6 +388,20 @@ int run_bench_decode(BenchDecodeCli o) {
         };
         while (*std::min_element(emitted.begin(), emitted.end()) == 0) count(e.step());
         kernels::Profiler prof;
+        {
+          // Each GEMM call's floor: a read pass of this minute (the larger with the first; the
+          // other ranks wait in the all_reduce) and the peaks, at this rank's share of the threads.
+          double lim[3] = {0, 0, 0};
+          if (lead) {
+            const double dot = bf16_dot_gflops > 0 ? bf16_dot_gflops : peak_gflops;
+            lim[0] = std::max(bw_start_gbps, ctx.read_gbps_fresh(kernels::testing::kReadPassBytes));
+            lim[1] = dot;
+            lim[2] = amx_gflops > 0 ? amx_gflops : dot;
+          }
+          rc.group.all_reduce(lim, 3, DType::f64, ReduceOp::max);
+          const double share = double(kernels::kernel_pool().num_threads()) / double(o.threads);
+          prof.set_limits({lim[0] * share, lim[1] * share, lim[2] * share});
+        }
         int64_t steps = 0;
         double seconds = 0;
         {
