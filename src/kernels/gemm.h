@@ -46,6 +46,13 @@ size_t decode_layout_bytes(int64_t n, int64_t k);
 // Writes w [n, k] into out (decode_layout_bytes(n, k) bytes) on the kernel pool.
 void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out);
 
+// The pairs layout of a bf16 weight [n, k]: (w[j][2p], w[j][2p + 1]) as one uint32 at [p][j],
+// the columns padded with zeros to a multiple of 16, so a 64-byte load holds one K pair of 16
+// output columns. The cpu backend's bf16 GEMM reads it where GemmBf16Params::w_pairs is set, with
+// the bytes it gives without (the absorbed attention's per-head GEMMs, K = 64..256).
+// bf16_pairs_words: its size in uint32, or 0 where this CPU or k (k % 32 != 0) has no use for it.
+size_t bf16_pairs_words(int64_t n, int64_t k);
+void pack_bf16_pairs(const bf16* w, int64_t n, int64_t k, uint32_t* out);
 struct GemmFp8GroupedContiguousParams {
   const fp8_e4m3* a = nullptr;      // [m, k] rows sorted by expert
   const float* a_scales = nullptr;  // [m, num_blocks(k)]
@@ -85,6 +92,9 @@ struct GemmBf16Params {
   // always does): for projections whose bf16 output feeds a rounding-sensitive stream (Engram's
   // value and keys, docs/numerics.md §8.1). Off: the backend's fast fp32 order.
   bool exact = false;
+  // Optional: every problem's w in the pairs layout, problem b at w_pairs + b·bf16_pairs_words(n,
+  // k); only cpu reads it (host, the recorder and replays use w, which must hold the same values).
+  const uint32_t* w_pairs = nullptr;
   int64_t row_a() const { return lda ? lda : k; }
   int64_t row_out() const { return ldo ? ldo : n; }
   // `heads` problems in the packed attention-head layout: a [m, heads, k], w [heads, n, k],

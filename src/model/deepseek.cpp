@@ -78,6 +78,9 @@ size_t mlp_bytes(const Mlp& m) {
 struct AbsorbedKvB {
   Tensor w_bf16;  // [H·(dn + dv), r] bf16 (owned, or borrowed from a BF16 Linear)
   Tensor w_uk_t;  // [H, r, dn] bf16
+  // Each head's W_UK (of w_uk_t) and W_UV (of w_bf16) in the pairs layout
+  // (kernels::pack_bf16_pairs), head after head; empty where the CPU has no use for it.
+  std::vector<uint32_t> uk_pairs, uv_pairs;
 };
 
 struct DeepseekModel::Impl {
@@ -142,6 +145,16 @@ struct DeepseekModel::Impl {
         for (int64_t d = 0; d < dn; ++d)
           for (int64_t c = 0; c < r; ++c)
             dst[(hh * r + c) * dn + d] = src[(hh * (dn + dv) + d) * r + c];
+      if (const size_t uk = k::bf16_pairs_words(r, dn), uv = k::bf16_pairs_words(dv, r);
+          uk > 0 && uv > 0) {
+        a.uk_pairs.resize(size_t(H) * uk);
+        a.uv_pairs.resize(size_t(H) * uv);
+        for (int64_t hh = 0; hh < H; ++hh) {
+          k::pack_bf16_pairs(dst + hh * r * dn, r, dn, a.uk_pairs.data() + size_t(hh) * uk);
+          k::pack_bf16_pairs(src + (hh * (dn + dv) + dn) * r, dv, r,
+                             a.uv_pairs.data() + size_t(hh) * uv);
+        }
+      }
       kvb.push_back(std::move(a));
     }
     int64_t first_moe = -1;
@@ -463,6 +476,7 @@ struct DeepseekModel::Impl {
         gp.a_batch = qk;
         gp.w_batch = r * dn;
         gp.out_batch = row;
+        if (!kvb[size_t(li)].uk_pairs.empty()) gp.w_pairs = kvb[size_t(li)].uk_pairs.data();
         k::gemm_bf16(gp);  // [T, H, :r]
       }
       for (int64_t i = 0; i < T * H; ++i)
@@ -541,6 +555,7 @@ struct DeepseekModel::Impl {
         gp.a_batch = r;
         gp.w_batch = (dn + dv) * r;
         gp.out_batch = dv;
+        if (!kvb[size_t(li)].uv_pairs.empty()) gp.w_pairs = kvb[size_t(li)].uv_pairs.data();
         k::gemm_bf16(gp);
       }
       bf16* ao = attn.get(T * hid);
@@ -1367,7 +1382,13 @@ DecodeWeightBytes DeepseekModel::decode_weight_bytes() const {
     const auto& L = w.layers[i];
     d.shared += double(L.q_a.weight_bytes() + L.q_b.weight_bytes() + L.q.weight_bytes() +
                        L.kv_a.weight_bytes() + L.o.weight_bytes());
-    d.shared += double(impl_->kvb[i].w_bf16.nbytes()) + double(impl_->kvb[i].w_uk_t.nbytes());
+    // The absorbed attention reads W_UK and W_UV once each (as w_uk_t and w_bf16's W_UV rows, or in
+    // the pairs layout), not w_bf16's W_UK rows.
+    const AbsorbedKvB& a = impl_->kvb[i];
+    d.shared += a.uk_pairs.empty() ? double(a.w_uk_t.nbytes()) + double(c.num_attention_heads) *
+                                                                     double(c.v_head_dim) *
+                                                                     double(c.kv_lora_rank) * 2
+                                   : double((a.uk_pairs.size() + a.uv_pairs.size()) * 4);
     d.shared += 2.0 * double(c.hidden_size) * 2;  // the two norms
     if (!L.moe) {
       d.shared += double(mlp_bytes(L.dense));

@@ -275,6 +275,72 @@ TEST(BatchInvariance, GemmBf16ModeOff) {  // the BF16-dot kernel at every M ther
   gemm_bf16_cases(/*mode_off=*/true);
 }
 
+// The absorbed attention's per-head GEMMs with the weights in the pairs layout
+// (GemmBf16Params::w_pairs, a lane per output column): every row gets its M = 1 bytes, and every
+// call the bytes of the same call without the layout (the horizontal-sum kernel).
+void gemm_bf16_pairs_case(int64_t n, int64_t k, bool f32_out, bool mode_off) {
+  const GemmMode mode(mode_off);
+  const int64_t H = 3, words = int64_t(bf16_pairs_words(n, k));
+  ASSERT_GT(words, 0);
+  const auto a = random_bf16(kPool * H * k, 33, -2.0f, 2.0f);  // pool rows [H, k] each
+  const auto w = random_bf16(H * n * k, 34, -0.1f, 0.1f);      // [H, n, k]
+  std::vector<uint32_t> pairs(size_t(H * words));
+  for (int64_t h = 0; h < H; ++h)
+    pack_bf16_pairs(w.data() + h * n * k, n, k, pairs.data() + h * words);
+  const std::string what = "gemm_bf16 pairs heads=3 n=" + std::to_string(n) +
+                           " k=" + std::to_string(k) + (mode_off ? " mode off" : "");
+  auto rows_of = [&](const std::vector<int64_t>& ids, bool with_pairs) {
+    const int64_t m = int64_t(ids.size()), width = H * n;
+    std::vector<bf16> av(size_t(m * H * k));
+    for (int64_t i = 0; i < m; ++i)
+      std::copy_n(a.data() + ids[size_t(i)] * H * k, H * k, av.data() + i * H * k);
+    std::vector<bf16> out(f32_out ? 0 : size_t(m * width));
+    std::vector<float> out_f32(f32_out ? size_t(m * width) : 0);
+    GemmBf16Params gp{.a = av.data(),
+                      .w = w.data(),
+                      .out = f32_out ? nullptr : out.data(),
+                      .out_f32 = f32_out ? out_f32.data() : nullptr,
+                      .m = m,
+                      .n = n,
+                      .k = k};
+    gp.set_heads(H);
+    gp.w_pairs = with_pairs ? pairs.data() : nullptr;
+    cpu::gemm_bf16(gp);
+    std::vector<std::string> rows;
+    for (int64_t i = 0; i < m; ++i)
+      rows.push_back(f32_out ? bytes_of(out_f32.data() + i * width, width)
+                             : bytes_of(out.data() + i * width, width));
+    return rows;
+  };
+  expect_row_invariant(
+      [&](const std::vector<int64_t>& ids) {
+        const auto got = rows_of(ids, true);
+        EXPECT_TRUE(got == rows_of(ids, false))
+            << what << ": M = " << ids.size() << " differs from the call without the layout";
+        return got;
+      },
+      what);
+}
+
+void gemm_bf16_pairs_cases(bool mode_off = false) {
+  gemm_bf16_pairs_case(256, 64, false, mode_off);  // q_nope · W_UK: k = qk_nope, n = kv_lora
+  gemm_bf16_pairs_case(64, 256, false, mode_off);  // ō · W_UV
+  gemm_bf16_pairs_case(130, 64, true, mode_off);   // a partial last 16-column tile, f32 out
+  gemm_bf16_pairs_case(32, 96, false, mode_off);   // k not a multiple of 64
+}
+
+TEST(BatchInvariance, GemmBf16Pairs) {
+  if (!cpu::bf16_dot_gemm()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  const cpu::ScopedAmx vdpbf16ps(false);
+  gemm_bf16_pairs_cases();
+}
+
+TEST(BatchInvariance, GemmBf16PairsModeOff) {
+  if (!cpu::bf16_dot_gemm()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  const cpu::ScopedAmx vdpbf16ps(false);
+  gemm_bf16_pairs_cases(/*mode_off=*/true);
+}
+
 TEST(BatchInvariance, GemmBf16Amx) {  // 16-row B tiles: M = 17, 33, 130 span several
   if (!cpu::cpu_has_amx()) GTEST_SKIP() << "no AMX-BF16 on this CPU (or the OS refused it)";
   const cpu::ScopedAmx amx(true);

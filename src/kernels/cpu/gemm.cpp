@@ -316,6 +316,22 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
       for (int64_t r = 0; r < p.m; ++r)
         DecodeRow<true>(p.a + b * p.a_batch + r * lda, af.data() + (b * p.m + r) * K, K);
   }
+  // A lane per column, no horizontal sums: the same bytes, faster where those sums weigh (small K,
+  // few rows); at K = 256 and M = 16 its two loads per product made it 0.8-0.96x the other
+  // (`bench kernels --bench gemm_bf16_heads`).
+  if (dot && p.w_pairs != nullptr && K % 32 == 0 && (K <= 128 || p.m <= kSmallM)) {
+    const size_t words = bf16_pairs_words(p.n, K);
+    const int64_t tiles = (p.n + 15) / 16;
+    kernel_pool().parallel_for(
+        p.batch * tiles, std::max<int64_t>(1, tiles / 4), [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t b = i / tiles, j0 = (i % tiles) * 16;
+            bf16_pair_columns(problem(b), ab.get() + b * p.m * ld, ld,
+                              p.w_pairs + size_t(b) * words, j0, std::min(p.n, j0 + 16));
+          }
+        });
+    return true;
+  }
   const int64_t grain = SmallMGrain(p.n, p.m), col_tasks = (p.n + grain - 1) / grain;
   kernel_pool().parallel_for(p.batch * col_tasks, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -610,7 +626,7 @@ void gemm_bf16(const GemmBf16Params& p) {
     });
     return;
   }
-  if (p.batch == 1 && p.row_a() == p.k && p.row_out() == p.n) {
+  if (p.batch == 1 && p.row_a() == p.k && p.row_out() == p.n && p.w_pairs == nullptr) {
     run({p.a, nullptr, p.w, nullptr, p.out, p.out_f32, p.m, p.n, p.k, true});
     return;
   }

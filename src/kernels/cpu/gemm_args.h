@@ -82,6 +82,12 @@ bool bf16_dot_gemm();
 // no decode to f32): a holds the rows' activations (bf16, row stride lda), g.w the weight [n, k].
 // A row's sum order depends on k only.
 void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1);
+// bf16 GEMM rows [0, g.m), output columns [j0, j1) (j0 % 16 == 0), with VDPBF16PS from the
+// weight in the pairs layout (pack_bf16_pairs), a lane per output column: the bytes bf16_dot_rows
+// gives, without its horizontal sums (the absorbed attention's K = 64..256). k % 32 == 0. The bf16
+// GEMM takes it where w_pairs is given and k <= 128 or m <= kSmallM.
+void bf16_pair_columns(const GemmArgs& g, const uint16_t* a, int64_t lda, const uint32_t* pairs,
+                       int64_t j0, int64_t j1);
 // Output columns per pool work unit of bf16_dot_rows: whole column tiles (two of its 8).
 constexpr int64_t kDotTaskCols = 16;
 // The prefill kernel's weight panel from the decode layout: W[n0 + j, 128·kb + kk] as f32 at

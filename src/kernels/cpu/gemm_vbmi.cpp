@@ -414,6 +414,55 @@ DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
   return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(High16(x), _mm512_set1_epi32(0x40)));
 }
 
+// ---- bf16 pairs layout (small K)
+// ----------------------------------------------------------------- At K = 64..256 (the absorbed
+// attention's per-head GEMMs) Bf16DotColumns does 2..8 dot products per output and then its 16-lane
+// sum: the transposes of Hsum16 outweighed the products (7x the GEMMs' floor at batch 16,
+// docs/performance.md §8). Here a lane is an output column instead, from the weight in the pairs
+// layout: 16 accumulators A_l, A_l summing the K pairs 16c + l (c = 0, 1, ...) as lane l of
+// Bf16DotColumns's accumulator does, each against the broadcast activation pair, then 0 + A_0 + A_1
+// + ... + A_15 as Hsum16 adds: the same operations on the same values, in the same order, so the
+// same bytes, with the sums vertical.
+constexpr int64_t kPairCols = 16;
+inline int64_t pair_cols(int64_t n) { return (n + kPairCols - 1) / kPairCols * kPairCols; }
+
+// Rows 0..m-1 of g, output columns [j0, j1) (j0 % 16 == 0) from pw, g's weight in the pairs
+// layout; a: the rows' activations (bf16, row stride lda), k % 32 == 0.
+DI_BF16_TARGET void Bf16PairColumns(const GemmArgs& g, const uint16_t* a, int64_t lda,
+                                    const uint32_t* pw, int64_t j0, int64_t j1) {
+  const int64_t groups = g.k / 32, ldo = g.ldo ? g.ldo : g.n;
+  // Words 0, 2, ..., 30 first: the low halves, where Bf16Bits leaves each lane's bf16.
+  const __m512i even =
+      _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
+                       24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  for (int64_t jt = j0; jt < j1; jt += kPairCols) {
+    const int64_t nj = std::min(kPairCols, j1 - jt);
+    const __mmask16 keep = __mmask16((1u << nj) - 1);
+    const uint32_t* wt = pw + jt * (g.k / 2);  // the tile's k / 2 · 64 bytes, in order
+    for (int64_t r = 0; r < g.m; ++r) {        // they stay in L1 for every row
+      const auto* ar = reinterpret_cast<const uint32_t*>(a + r * lda);
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < groups; ++c) {
+        const uint32_t* wc = wt + 16 * 16 * c;
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; ++l)
+          acc[l] = _mm512_dpbf16_ps(acc[l], (__m512bh)_mm512_set1_epi32(int(ar[16 * c + l])),
+                                    (__m512bh)_mm512_loadu_si512(wc + 16 * l));
+      }
+      __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; ++l) sum = _mm512_add_ps(sum, acc[l]);
+      if (g.out_f32)
+        _mm512_mask_storeu_ps(g.out_f32 + r * ldo + jt, keep, sum);
+      else
+        _mm512_mask_storeu_epi16(g.out + r * ldo + jt, __mmask32(keep),
+                                 _mm512_permutexvar_epi16(even, Bf16Bits(sum)));
+    }
+  }
+}
+
 // Row r of a panel's output, columns [j0, j0 + nj) (nj <= 32), from its two 16-column vectors.
 DI_VBMI_TARGET inline void StorePanelRow(const GemmArgs& g, int64_t r, int64_t j0, int64_t nj,
                                          __m512 lo, __m512 hi) {
@@ -940,6 +989,13 @@ void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0
   }
 }
 
+void bf16_pair_columns(const GemmArgs& g, const uint16_t* a, int64_t lda, const uint32_t* pairs,
+                       int64_t j0, int64_t j1) {
+  DI_CHECK(g.bf16_inputs && bf16_dot_gemm() && g.k % 32 == 0 && j0 % kPairCols == 0,
+           "bf16_pair_columns: k={} j0={} on a CPU or setting without it", g.k, j0);
+  Bf16PairColumns(g, a, lda, pairs, j0, j1);
+}
+
 bool invariant_pairs_swapped(const GemmArgs& g) {
   return !g.bf16_inputs && g.k % 128 == 0 && dot_order() == DotOrder::odd_first &&
          small_m_invariant();
@@ -965,6 +1021,20 @@ namespace deepinfer::kernels {
 size_t decode_layout_bytes(int64_t n, int64_t k) {
   if (n <= 0 || k <= 0 || k % 128 != 0 || !cpu::cpu_has_bf16_dot()) return 0;
   return size_t((n + cpu::kPanel - 1) / cpu::kPanel) * cpu::panel_bytes(k);
+}
+
+size_t bf16_pairs_words(int64_t n, int64_t k) {
+  if (n <= 0 || k <= 0 || k % 32 != 0 || !cpu::cpu_has_bf16_dot()) return 0;
+  return size_t(k / 2 * cpu::pair_cols(n));
+}
+
+void pack_bf16_pairs(const bf16* w, int64_t n, int64_t k, uint32_t* out) {
+  DI_CHECK(bf16_pairs_words(n, k) > 0, "pack_bf16_pairs: no pairs layout for n={} k={} on this CPU",
+           n, k);
+  for (int64_t j = 0; j < cpu::pair_cols(n); ++j)  // [tile j / 16][pair p][column j % 16]
+    for (int64_t p = 0; p < k / 2; ++p)
+      out[((j / 16) * (k / 2) + p) * 16 + j % 16] =
+          j < n ? uint32_t(w[j * k + 2 * p].bits) | uint32_t(w[j * k + 2 * p + 1].bits) << 16 : 0u;
 }
 
 void pack_decode_layout(const fp8_e4m3* w, int64_t n, int64_t k, uint8_t* out) {
@@ -995,6 +1065,10 @@ void run_decode_layout_multi(std::span<const GemmArgs> problems) {
 bool cpu_has_bf16_dot() { return false; }
 bool decode_layout_f32_panel(const GemmArgs&, int64_t, int64_t, float*, bool) { return false; }
 bool invariant_pairs_swapped(const GemmArgs&) { return false; }
+void bf16_pair_columns(const GemmArgs&, const uint16_t*, int64_t, const uint32_t*, int64_t,
+                       int64_t) {
+  DI_FAIL("bf16_pair_columns: no BF16 dot kernel on this build");
+}
 namespace {
 std::atomic<DecodeGemm> g_decode_gemm{DecodeGemm::automatic};
 }
@@ -1018,6 +1092,10 @@ bool small_m_invariant() {
 }  // namespace deepinfer::kernels::cpu
 namespace deepinfer::kernels {
 size_t decode_layout_bytes(int64_t, int64_t) { return 0; }
+size_t bf16_pairs_words(int64_t, int64_t) { return 0; }
+void pack_bf16_pairs(const bf16*, int64_t n, int64_t k, uint32_t*) {
+  DI_FAIL("pack_bf16_pairs: no pairs layout for n={} k={} on this CPU", n, k);
+}
 void pack_decode_layout(const fp8_e4m3*, int64_t n, int64_t k, uint8_t*) {
   DI_FAIL("pack_decode_layout: no decode layout for n={} k={} on this CPU", n, k);
 }
