@@ -97,6 +97,15 @@ good=$(grep -cE '"correct":true.*"greedy_identical_ep1":1\.0.*"ratio_vs_ep1":[0-
 [[ $rc -eq 0 && $lines -eq 2 && $good -eq 2 ]] && ok=1 || ok=0
 report "--vs-ep1: tokens equal EP 1's, ratio printed" $ok "exit $rc, $good of $lines decode lines"
 
+echo "--- bench decode --profile: each rank's step per op, the GEMMs against their floors"
+"$DEEPINFER" bench decode --model "$MODEL" --ep 2 --profile --batch 2 --reps 1 --decode-tokens 4 \
+  --prompt-tokens 8 >"$LOGS/profile.out" 2>"$LOGS/profile.err"; rc=$?
+# Per rank: the floor line with a positive floor, and the head's GEMM by place with its x floor.
+floors=$(grep -cE '^# floor: .* against [0-9]+\.[0-9]*[1-9][0-9]* ms' "$LOGS/profile.out")
+heads=$(grep -cE '^# head gemm_bf16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+\.[0-9]+ ' "$LOGS/profile.out")
+[[ $rc -eq 0 && $floors -eq 2 && $heads -eq 2 ]] && ok=1 || ok=0
+report "--profile: floors on both ranks" $ok "exit $rc, $floors floor lines, $heads head rows"
+
 echo "--- faults that cannot act at the world size"
 user_error "--fault a2av-hang --world 2" 2 '--fault a2av-hang acts only at world sizes >= 4, so at --world 2 the suite would pass' \
   "$DEEPINFER" check collectives --comm local --fault a2av-hang --world 2 --quick
