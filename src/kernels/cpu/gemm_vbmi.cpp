@@ -482,9 +482,13 @@ DI_VBMI_TARGET inline void StorePanelRow(const GemmArgs& g, int64_t r, int64_t j
 }
 
 // Software prefetch this many bytes ahead in the weight stream: the hardware prefetcher alone left
-// the kernel streaming at about half the read pass (docs/performance.md §8; 2 KiB measured best of
-// 0.5, 1, 2 and 4 KiB). A prefetch past the end of the layout is harmless: prefetches never fault.
-constexpr int64_t kPrefetchAhead = 2048;
+// the kernel streaming at about half the read pass (docs/performance.md §8). 2 KiB was best of 0.5
+// to 4 KiB on a VM that read 30 GB/s; at 50-75 GB/s the lines must be asked for further ahead to
+// cover the same latency, and 8 KiB streamed 20-30% faster than 2 KiB (4 and 16 KiB in between).
+// A prefetch past the end of the layout is harmless: prefetches never fault.
+constexpr int64_t kPrefetchAhead = 8192;
+// The AMX kernel keeps the distance it was measured with (2 KiB): no AMX CPU to measure it again.
+constexpr int64_t kAmxPrefetchAhead = 2048;
 template <int MM>
 DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p0, int64_t p1) {
   const Decoder dec;
@@ -619,7 +623,7 @@ DI_AMX_TARGET void PanelRangeAmx(const GemmArgs& g, const uint16_t* act, int64_t
           // sixteen at its start made batch-1 decode 10-17% slower than VDPBF16PS, spread it is
           // 2-3% faster (docs/performance.md §8).
           const uint8_t* line = src + (2 * c + grp) * 64;
-          _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchAhead), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(line + kAmxPrefetchAhead), _MM_HINT_T0);
           __m512i b0, b1;
           dec.decode_bf16(line, b0, b1);
           _mm512_store_si512(dst[grp] + 64 * c, b0);
