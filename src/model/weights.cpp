@@ -60,8 +60,18 @@ class Loader {
     }
     if (opts_.decode_layout && l.fp8()) attach_decode_layout(l, l.w_fp8 == w.as<fp8_e4m3>());
     // The cpu kernels read the decode layout only; the checkpoint's codes stay mapped for the
-    // host backend and replays, which fault them in again (docs/performance.md §8).
-    if (l.w_decode && l.w_fp8 == w.as<fp8_e4m3>()) ckpt_.release(wname);
+    // host backend and replays, which fault them in again (docs/performance.md §8). The scales,
+    // which the kernels read at every step, move out of the mapping too: a read there maps the
+    // page cache's folio around it, up to 2 MiB of released codes each (docs/performance.md §6).
+    if (l.w_decode && l.w_fp8 == w.as<fp8_e4m3>()) {
+      ckpt_.release(wname);
+      if (!l.owned_scale.defined()) {
+        l.owned_scale = Tensor::empty(DType::f32, {blocks(out), blocks(in)});
+        std::memcpy(l.owned_scale.data<float>(), l.w_scale, l.owned_scale.nbytes());
+        l.w_scale = l.owned_scale.data<float>();
+        ckpt_.release(prefix + ".weight_scale_inv");
+      }
+    }
     return l;
   }
 

@@ -286,6 +286,46 @@ TEST(Weights, RanksOfOneMappingShareReplicatedDecodeLayouts) {
   EXPECT_EQ(std::memcmp(o2.w_decode, o0.w_decode, kernels::decode_layout_bytes(o0.out, o0.in)), 0);
 }
 
+// With a decode layout nothing a decode step reads lies in the checkpoint mapping: the scales are
+// copied out (same values) as the codes are released, since a read there maps the page cache's
+// whole folio around it, released codes included (peak RSS 1.5x the weights when it held 2 MiB
+// folios). Without a decode layout the scales stay where they are.
+TEST(Weights, DecodeLayoutScalesLeaveTheMapping) {
+  const auto cfg = load_config(kTiny);
+  auto ck = std::make_shared<const Checkpoint>(kTiny);
+  LoadOptions opts;
+  opts.decode_layout = true;
+  auto w = load_weights(ck, cfg, opts);
+  if (!w->layers[0].o.w_decode) GTEST_SKIP() << "no decode layout on this CPU";
+  int checked = 0;
+  auto check = [&](const Linear& l) {
+    if (!l.fp8()) return;
+    ASSERT_NE(l.w_decode, nullptr) << l.name;
+    const TensorView& s = ck->get(l.name + ".weight_scale_inv");
+    EXPECT_NE(static_cast<const void*>(l.w_scale), static_cast<const void*>(s.data)) << l.name;
+    EXPECT_EQ(std::memcmp(l.w_scale, s.data, s.nbytes), 0) << l.name;
+    ++checked;
+  };
+  for (const LayerWeights& L : w->layers) {
+    check(L.o);
+    check(L.kv_a);
+    if (L.moe) {
+      check(L.shared.down);
+      for (const Mlp& e : L.experts) check(e.up);
+    } else {
+      check(L.dense.gate);
+    }
+  }
+  EXPECT_GT(checked, 0);
+  LoadOptions plain;  // no decode layout: the kernels read codes and scales in place
+  auto p = load_weights(ck, cfg, plain);
+  const Linear& o = p->layers[0].o;
+  if (o.fp8()) {
+    EXPECT_EQ(static_cast<const void*>(o.w_scale),
+              static_cast<const void*>(ck->get(o.name + ".weight_scale_inv").data));
+  }
+}
+
 TEST(Forward, PrefillMatchesGoldenAndChunkedPrefillMatchesOneShot) {
   const Golden g = golden_prompt(2);
   const int64_t T = int64_t(g.ids.size()), V = g.vocab;
