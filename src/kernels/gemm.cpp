@@ -90,11 +90,7 @@ void gemm_fp8_multi(std::span<const GemmFp8Params> problems) {
       faulty.push_back(i);
   if (Profiler* prof = active_profiler(); prof != nullptr) [[unlikely]] {
     KernelWork work{.fp8 = true};  // one dispatch: its roofline is that of all its problems
-    for (const auto& p : problems) {
-      const KernelWork w = OpSpec<GemmFp8Params>::work(p);
-      work.weight_bytes += w.weight_bytes;
-      work.flops += w.flops;
-    }
+    for (const auto& p : problems) work += OpSpec<GemmFp8Params>::work(p);
     detail::profile_call(
         *prof, "gemm_fp8_multi", [&] { cpu::gemm_fp8_multi(problems); }, work);
   } else

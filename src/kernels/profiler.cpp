@@ -60,13 +60,7 @@ std::string Profiler::table(int64_t steps, double total_seconds) const {
   // Per op, summed over the parts that call it, slowest first.
   std::map<std::string, OpStat> ops;
   for (const auto& [key, s] : kernels_) {
-    OpStat& o = ops[key.second];
-    o.calls += s.calls;
-    o.seconds += s.seconds;
-    o.pool_wait += s.pool_wait;
-    o.weight_bytes += s.weight_bytes;
-    o.flops += s.flops;
-    o.floor += s.floor;
+    ops[key.second] += s;
   }
   std::vector<std::pair<std::string, OpStat>> by_time(ops.begin(), ops.end());
   std::sort(by_time.begin(), by_time.end(),
@@ -109,10 +103,7 @@ std::string Profiler::table(int64_t steps, double total_seconds) const {
         const size_t dot = place.find('.');
         place = dot == std::string::npos ? "layer" : "layer*" + place.substr(dot);
       }
-      OpStat& o = places[{place.empty() ? "(no scope)" : place, key.second}];
-      o.calls += s.calls;
-      o.seconds += s.seconds;
-      o.floor += s.floor;
+      places[{place.empty() ? "(no scope)" : place, key.second}] += s;
     }
     std::vector<std::pair<std::string, OpStat>> by_loss;
     for (const auto& [key, s] : places) by_loss.push_back({key.first + " " + key.second, s});

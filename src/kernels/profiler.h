@@ -22,6 +22,11 @@ enum class ScopeKind : uint8_t { compute, collective };
 struct KernelWork {
   double weight_bytes = 0, flops = 0;
   bool fp8 = false;
+  KernelWork& operator+=(const KernelWork& o) {
+    weight_bytes += o.weight_bytes;
+    flops += o.flops;
+    return *this;
+  }
 };
 
 // The limits a call's floor is taken against, for the threads this profiler's rank runs on.
@@ -39,6 +44,15 @@ class Profiler {
     double pool_wait = 0;  // of which: waiting for pool workers after its own chunks
     double weight_bytes = 0, flops = 0;
     double floor = 0;  // Σ over calls of max(weight_bytes / read, flops / peak), in seconds
+    OpStat& operator+=(const OpStat& o) {
+      calls += o.calls;
+      seconds += o.seconds;
+      pool_wait += o.pool_wait;
+      weight_bytes += o.weight_bytes;
+      flops += o.flops;
+      floor += o.floor;
+      return *this;
+    }
   };
   struct ScopeStat {
     ScopeKind kind = ScopeKind::compute;

@@ -321,13 +321,13 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
   // (`bench kernels --bench gemm_bf16_heads`).
   if (dot && p.w_pairs != nullptr && K % 32 == 0 && (K <= 128 || p.m <= kSmallM)) {
     const size_t words = bf16_pairs_words(p.n, K);
-    const int64_t tiles = (p.n + 15) / 16;
+    const int64_t tiles = (p.n + kPairCols - 1) / kPairCols;
     kernel_pool().parallel_for(
         p.batch * tiles, std::max<int64_t>(1, tiles / 4), [&](int64_t i0, int64_t i1) {
           for (int64_t i = i0; i < i1; ++i) {
-            const int64_t b = i / tiles, j0 = (i % tiles) * 16;
+            const int64_t b = i / tiles, j0 = (i % tiles) * kPairCols;
             bf16_pair_columns(problem(b), ab.get() + b * p.m * ld, ld,
-                              p.w_pairs + size_t(b) * words, j0, std::min(p.n, j0 + 16));
+                              p.w_pairs + size_t(b) * words, j0, std::min(p.n, j0 + kPairCols));
           }
         });
     return true;

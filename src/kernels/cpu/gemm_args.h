@@ -88,6 +88,8 @@ void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0
 // GEMM takes it where w_pairs is given and k <= 128 or m <= kSmallM.
 void bf16_pair_columns(const GemmArgs& g, const uint16_t* a, int64_t lda, const uint32_t* pairs,
                        int64_t j0, int64_t j1);
+// Output columns of a pairs-layout tile (one vector lane each), bf16_pair_columns' work unit.
+constexpr int64_t kPairCols = 16;
 // Output columns per pool work unit of bf16_dot_rows: whole column tiles (two of its 8).
 constexpr int64_t kDotTaskCols = 16;
 // The prefill kernel's weight panel from the decode layout: W[n0 + j, 128·kb + kk] as f32 at

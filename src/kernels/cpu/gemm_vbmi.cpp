@@ -423,7 +423,6 @@ DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
 // Bf16DotColumns's accumulator does, each against the broadcast activation pair, then 0 + A_0 + A_1
 // + ... + A_15 as Hsum16 adds: the same operations on the same values, in the same order, so the
 // same bytes, with the sums vertical.
-constexpr int64_t kPairCols = 16;
 inline int64_t pair_cols(int64_t n) { return (n + kPairCols - 1) / kPairCols * kPairCols; }
 
 // Rows 0..m-1 of g, output columns [j0, j1) (j0 % 16 == 0) from pw, g's weight in the pairs
@@ -445,7 +444,7 @@ DI_BF16_TARGET void Bf16PairColumns(const GemmArgs& g, const uint16_t* a, int64_
 #pragma GCC unroll 16
       for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
       for (int64_t c = 0; c < groups; ++c) {
-        const uint32_t* wc = wt + 16 * 16 * c;
+        const uint32_t* wc = wt + kPairCols * 16 * c;  // 16 pairs of kPairCols words
 #pragma GCC unroll 16
         for (int l = 0; l < 16; ++l)
           acc[l] = _mm512_dpbf16_ps(acc[l], (__m512bh)_mm512_set1_epi32(int(ar[16 * c + l])),
@@ -1035,9 +1034,10 @@ size_t bf16_pairs_words(int64_t n, int64_t k) {
 void pack_bf16_pairs(const bf16* w, int64_t n, int64_t k, uint32_t* out) {
   DI_CHECK(bf16_pairs_words(n, k) > 0, "pack_bf16_pairs: no pairs layout for n={} k={} on this CPU",
            n, k);
-  for (int64_t j = 0; j < cpu::pair_cols(n); ++j)  // [tile j / 16][pair p][column j % 16]
+  constexpr int64_t T = cpu::kPairCols;
+  for (int64_t j = 0; j < cpu::pair_cols(n); ++j)  // [tile j / T][pair p][column j % T]
     for (int64_t p = 0; p < k / 2; ++p)
-      out[((j / 16) * (k / 2) + p) * 16 + j % 16] =
+      out[((j / T) * (k / 2) + p) * T + j % T] =
           j < n ? uint32_t(w[j * k + 2 * p].bits) | uint32_t(w[j * k + 2 * p + 1].bits) << 16 : 0u;
 }
 
