@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "kernels/gemm.h"
+#include "kernels/testing/bench.h"
 #include "kernels/testing/data.h"
 #include "kernels/testing/harness.h"
 
@@ -139,6 +140,20 @@ TEST(Harness, InjectedFaultFailsTheGemmCase) {
   EXPECT_FALSE(r.pass);
   reset_call_counters();
   EXPECT_TRUE(compare_backends(gemm_fp8, p, {.rel_l2 = 1e-3}).pass);
+}
+
+// The read pass behind every weight-streaming limit reads each word once whatever the split into
+// streams: its sum equals the closed form, sizes with and without a remainder past the parts.
+TEST(Harness, ReadPassReadsEveryWordOnce) {
+  for (const size_t n : {size_t(256), size_t(64) << 10, (size_t(64) << 10) + 768})
+    for (const size_t streams : {size_t(1), size_t(2), size_t(4)}) {
+      std::vector<uint64_t> words(n / 8);
+      uint64_t want = 0;
+      for (size_t i = 0; i < words.size(); ++i) want += words[i] = i * 2654435761u + 7;
+      EXPECT_EQ(read_pass_sum(reinterpret_cast<const uint8_t*>(words.data()), n, 2048, streams),
+                want)
+          << "n=" << n << " streams=" << streams;
+    }
 }
 
 }  // namespace

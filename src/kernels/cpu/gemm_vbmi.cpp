@@ -484,51 +484,93 @@ DI_VBMI_TARGET inline void StorePanelRow(const GemmArgs& g, int64_t r, int64_t j
 // the kernel streaming at about half the read pass (docs/performance.md §8). 2 KiB was best of 0.5
 // to 4 KiB on a VM that read 30 GB/s; at 50-75 GB/s the lines must be asked for further ahead to
 // cover the same latency, and 8 KiB streamed 20-30% faster than 2 KiB (4 and 16 KiB in between).
-// A prefetch past the end of the layout is harmless: prefetches never fault.
+// A prefetch past the end of the layout is harmless: prefetches never fault. Several streams
+// (PanelGroup) share this distance.
 constexpr int64_t kPrefetchAhead = 8192;
 // The AMX kernel keeps the distance it was measured with (2 KiB): no AMX CPU to measure it again.
 constexpr int64_t kAmxPrefetchAhead = 2048;
-template <int MM>
-DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p0, int64_t p1) {
+
+// S panels at once (panels[0..S)), each its own stream: chunk c of every panel in turn, so the
+// core has S sequential streams in flight, each prefetched kPrefetchAhead / S ahead (the same
+// bytes in flight as one stream; 2 KiB each for four streamed about 4% faster than 8 KiB each).
+// Each panel's sums are exactly those of S = 1.
+template <int MM, int S>
+DI_BF16_TARGET inline void PanelGroup(const GemmArgs& g, const uint16_t* act,
+                                      const int64_t (&panels)[S]) {
   const Decoder dec;
   const int64_t K = g.k, kbs = K / 128;
-  for (int64_t panel = p0; panel < p1; ++panel) {
-    alignas(64) __m512 acc[2][MM];
-    for (int r = 0; r < MM; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
-    const uint8_t* w0 = g.w_decode + size_t(panel) * panel_bytes(K);  // group 0; group 1 at +64
-    const float* sw = g.w_scales + (panel * kPanel / 128) * kbs;  // 128 % 32 == 0: one scale row
-    for (int64_t kb = 0; kb < kbs; ++kb) {
-      __m512 part0[MM], part1[MM];
+  alignas(64) __m512 acc[S][2][MM];
+  const uint8_t* w[S];
+  const float* sw[S];
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s) {
+    for (int r = 0; r < MM; ++r) acc[s][0][r] = acc[s][1][r] = _mm512_setzero_ps();
+    w[s] = g.w_decode + size_t(panels[s]) * panel_bytes(K);  // group 0; group 1 at +64
+    sw[s] = g.w_scales + (panels[s] * kPanel / 128) * kbs;   // 128 % 32 == 0: one scale row
+  }
+  for (int64_t kb = 0; kb < kbs; ++kb) {
+    __m512 part0[S][MM], part1[S][MM];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
-      for (int r = 0; r < MM; ++r) part0[r] = part1[r] = _mm512_setzero_ps();
-      const uint32_t* ab = reinterpret_cast<const uint32_t*>(act) + kb * 64;  // 64 pairs per block
-      for (int64_t c = 0; c < 32; ++c, w0 += 128) {
-        _mm_prefetch(reinterpret_cast<const char*>(w0 + kPrefetchAhead), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w0 + kPrefetchAhead + 64), _MM_HINT_T0);
+      for (int r = 0; r < MM; ++r) part0[s][r] = part1[s][r] = _mm512_setzero_ps();
+    const uint32_t* ab = reinterpret_cast<const uint32_t*>(act) + kb * 64;  // 64 pairs per block
+    for (int64_t c = 0; c < 32; ++c) {
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[s] + kPrefetchAhead / S), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w[s] + kPrefetchAhead / S + 64), _MM_HINT_T0);
         __m512i x0, x1, y0, y1;
-        dec.decode_bf16(w0, x0, x1);
-        dec.decode_bf16(w0 + 64, y0, y1);
+        dec.decode_bf16(w[s], x0, x1);
+        dec.decode_bf16(w[s] + 64, y0, y1);
 #pragma GCC unroll 8
         for (int r = 0; r < MM; ++r) {
           const uint32_t* ar = ab + r * (K / 2) + 2 * c;
           const __m512bh a0 = (__m512bh)_mm512_set1_epi32(int(ar[0]));
           const __m512bh a1 = (__m512bh)_mm512_set1_epi32(int(ar[1]));
-          part0[r] = _mm512_dpbf16_ps(part0[r], a0, (__m512bh)x0);
-          part1[r] = _mm512_dpbf16_ps(part1[r], a0, (__m512bh)y0);
-          part0[r] = _mm512_dpbf16_ps(part0[r], a1, (__m512bh)x1);
-          part1[r] = _mm512_dpbf16_ps(part1[r], a1, (__m512bh)y1);
+          part0[s][r] = _mm512_dpbf16_ps(part0[s][r], a0, (__m512bh)x0);
+          part1[s][r] = _mm512_dpbf16_ps(part1[s][r], a0, (__m512bh)y0);
+          part0[s][r] = _mm512_dpbf16_ps(part0[s][r], a1, (__m512bh)x1);
+          part1[s][r] = _mm512_dpbf16_ps(part1[s][r], a1, (__m512bh)y1);
         }
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < MM; ++r) {
-        const __m512 s = _mm512_set1_ps(g.a_scales[r * kbs + kb] * sw[kb]);
-        acc[0][r] = _mm512_fmadd_ps(part0[r], s, acc[0][r]);
-        acc[1][r] = _mm512_fmadd_ps(part1[r], s, acc[1][r]);
+        w[s] += 128;
       }
     }
-    const int64_t j0 = panel * kPanel, nj = std::min(kPanel, g.n - j0);
-    for (int r = 0; r < MM; ++r) StorePanelRow(g, r, j0, nj, acc[0][r], acc[1][r]);
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+      for (int r = 0; r < MM; ++r) {
+        const __m512 sc = _mm512_set1_ps(g.a_scales[r * kbs + kb] * sw[s][kb]);
+        acc[s][0][r] = _mm512_fmadd_ps(part0[s][r], sc, acc[s][0][r]);
+        acc[s][1][r] = _mm512_fmadd_ps(part1[s][r], sc, acc[s][1][r]);
+      }
   }
+  for (int s = 0; s < S; ++s) {
+    const int64_t j0 = panels[s] * kPanel, nj = std::min(kPanel, g.n - j0);
+    for (int r = 0; r < MM; ++r) StorePanelRow(g, r, j0, nj, acc[s][0][r], acc[s][1][r]);
+  }
+}
+
+// Weight streams a core reads side by side, by row count: on the EPYC VM two cores read 38-43
+// GB/s with one sequential stream each and 56-60 GB/s with four (the hardware prefetcher follows
+// each stream on its own; docs/performance.md §8). Bounded by the registers: S·2·MM partial sums
+// live through a 128-block.
+template <int MM>
+constexpr int kPanelStreams = MM <= 2   ? 4
+                              : MM <= 4 ? 2
+                                        : 1;
+
+template <int MM>
+DI_BF16_TARGET void PanelRange(const GemmArgs& g, const uint16_t* act, int64_t p0, int64_t p1) {
+  // Panels [p0, p1) as S contiguous streams of L panels, walked side by side; the rest one by one.
+  constexpr int S = kPanelStreams<MM>;
+  const int64_t L = S > 1 ? (p1 - p0) / S : 0;
+  for (int64_t i = 0; i < L; ++i) {
+    int64_t panels[S];
+    for (int s = 0; s < S; ++s) panels[s] = p0 + s * L + i;
+    PanelGroup<MM, S>(g, act, panels);
+  }
+  for (int64_t p = p0 + S * L; p < p1; ++p) PanelGroup<MM, 1>(g, act, {p});
 }
 
 // AMX-TILE and AMX-BF16 in CPUID, their state enabled by the OS (XCR0 bits 17, 18), and this
@@ -764,7 +806,10 @@ DI_VBMI_TARGET void PanelToF32(const uint8_t* panel, int64_t k, int64_t kb, floa
 DI_BF16_TARGET void PanelsAllRows(const GemmArgs& g, const uint16_t* a, int64_t p0, int64_t p1) {
   const bool amx = amx_active();
   const int64_t rows = amx ? kAmxRows : kSmallM;
-  const int64_t group = std::max<int64_t>(1, (int64_t(256) << 10) / int64_t(panel_bytes(g.k)));
+  // Chunks after the first reread a group's panels from L2; one chunk streams its whole range.
+  const int64_t group =
+      g.m <= rows ? p1 - p0
+                  : std::max<int64_t>(1, (int64_t(256) << 10) / int64_t(panel_bytes(g.k)));
   for (int64_t p = p0; p < p1; p += group) {
     const int64_t pe = std::min(p1, p + group);
     for (int64_t r = 0; r < g.m; r += rows) {
