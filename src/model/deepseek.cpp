@@ -1163,15 +1163,12 @@ struct DeepseekModel::Impl {
     c.out = c1 - c0;
     if (l.w_fp8) c.w_fp8 = l.w_fp8 + c0 * l.in;
     if (l.w_scale) c.w_scale = l.w_scale + (c0 / 128) * k::num_blocks(l.in);
-    if (l.w_bf16) c.w_bf16 = l.w_bf16 + c0 * l.in;
+    if (l.w_bf16)  // from the rank's copy of its slice where that holds the columns
+      c.w_bf16 = l.w_slice && c0 >= l.slice.first && c1 <= l.slice.second
+                     ? l.w_slice + (c0 - l.slice.first) * l.in
+                     : l.w_bf16 + c0 * l.in;
     if (l.w_decode) c.w_decode = l.w_decode + k::decode_layout_bytes(c0, l.in);
     return c;
-  }
-
-  // Rank q's share of n output columns when W ranks split them: whole 128-column blocks.
-  static std::pair<int64_t, int64_t> rank_columns(int64_t n, int64_t q, int64_t W) {
-    const int64_t per = (k::num_blocks(n) + W - 1) / W;
-    return {std::min(n, q * per * 128), std::min(n, (q + 1) * per * 128)};
   }
 
   // Every rank's T rows of `width` elements x, gathered in rank order (all_gather_v) into buf;

@@ -249,6 +249,11 @@ void Checkpoint::release(const std::string& name) const {
   for (const auto& f : files_) f->release(t.data, t.nbytes);  // only its own file acts
 }
 
+void Checkpoint::release(const void* data, size_t nbytes) const {
+  if (base_) return base_->release(data, nbytes);
+  for (const auto& f : files_) f->release(static_cast<const std::byte*>(data), nbytes);
+}
+
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) DI_FAIL("checkpoint folder {} does not exist", dir);

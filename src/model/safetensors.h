@@ -93,6 +93,9 @@ class Checkpoint {
   // runtime keeps in another form (the fp8 weights' decode layout), so they are not held twice.
   // Nothing for a moved tensor (its memory is the caller's copy).
   void release(const std::string& name) const;
+  // The same for part of a tensor: the whole pages of [data, data + nbytes) in whichever file maps
+  // them (nothing where none does).
+  void release(const void* data, size_t nbytes) const;
 
  private:
   std::string dir_;

@@ -296,6 +296,11 @@ size_t Linear::weight_bytes() const {
   return size_t(out * in) * sizeof(bf16);
 }
 
+std::pair<int64_t, int64_t> rank_columns(int64_t n, int64_t q, int64_t W) {
+  const int64_t per = (kernels::num_blocks(n) + W - 1) / W;
+  return {std::min(n, q * per * 128), std::min(n, (q + 1) * per * 128)};
+}
+
 void quantize_linear_fp8(Linear& l) {
   DI_CHECK(l.w_bf16 != nullptr, "quantize_linear_fp8({}) needs a BF16 weight", l.name);
   Tensor w32 = Tensor::empty(DType::f32, {l.out, l.in});
@@ -360,13 +365,24 @@ std::shared_ptr<ModelWeights> load_weights(std::shared_ptr<const Checkpoint> che
       if (opts.decode_layout) Loader::attach_decode_layout(l);  // a per-rank quantized copy
     } else if (name != "model.embed_tokens" && opts.ep_size == 1) {
       // Streamed whole every step: copied to huge-page weight storage, its file pages dropped
-      // (docs/performance.md §6). A tied head stays in the mapping the embedding reads; with
-      // several ranks each reads its vocabulary slice only, and a copy each would cost W heads.
+      // (docs/performance.md §6). A tied head stays in the mapping the embedding reads.
       const size_t bytes = size_t(l.out * l.in) * sizeof(bf16);
       l.owned_w = Tensor::borrow(detail::weight_alloc(bytes), DType::bf16, {l.out, l.in});
       std::memcpy(l.owned_w.data<bf16>(), l.w_bf16, bytes);
       l.w_bf16 = l.owned_w.data<bf16>();
       ck.release(name + ".weight");
+    } else if (name != "model.embed_tokens") {
+      // With several ranks each computes its vocabulary slice (rank_columns) every step: that
+      // slice is copied to weight storage (all ranks together: one head) and its file pages are
+      // dropped; w_bf16 stays in the mapping for anything else (docs/performance.md §6).
+      l.slice = rank_columns(l.out, opts.ep_rank, opts.ep_size);
+      const int64_t cols = l.slice.second - l.slice.first;
+      const size_t bytes = size_t(cols * l.in) * sizeof(bf16);
+      const bf16* src = l.w_bf16 + l.slice.first * l.in;
+      l.owned_w = Tensor::borrow(detail::weight_alloc(bytes), DType::bf16, {cols, l.in});
+      std::memcpy(l.owned_w.data<bf16>(), src, bytes);
+      l.w_slice = l.owned_w.data<bf16>();
+      ck.release(src, bytes);
     }
     return l;
   };

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/engram.h"
@@ -34,6 +35,11 @@ struct Linear {
       nullptr;  // w_fp8 in the cpu decode layout (kernels::pack_decode_layout), or null
   Tensor owned_w, owned_scale;  // storage when converted at load
   Tensor owned_decode;          // storage of w_decode
+  // With several ranks, the BF16 LM head's columns this rank computes ([slice.first, slice.second),
+  // rank_columns), copied to weight storage at w_slice (storage: owned_w); w_bf16 stays in the
+  // mapping. Null elsewhere.
+  const bf16* w_slice = nullptr;
+  std::pair<int64_t, int64_t> slice{0, 0};
   bool fp8() const { return w_fp8 != nullptr; }
   size_t weight_bytes() const;  // bytes read per use (weights + scales)
 };
@@ -150,5 +156,9 @@ std::shared_ptr<const CompressionTable> load_compression_table(const std::string
 // Converts a BF16 [out, in] weight to FP8 with 128×128 block scales (scale = amax/448, partial
 // edge blocks), as the official checkpoints' quantizer does.
 void quantize_linear_fp8(Linear& l);
+
+// Rank q's share of n output columns when W ranks split them: whole 128-column blocks (the LM
+// head's vocabulary, a dense MLP's intermediate channels).
+std::pair<int64_t, int64_t> rank_columns(int64_t n, int64_t q, int64_t W);
 
 }  // namespace deepinfer::model

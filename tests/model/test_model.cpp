@@ -326,6 +326,42 @@ TEST(Weights, DecodeLayoutScalesLeaveTheMapping) {
   }
 }
 
+// With several ranks each rank's vocabulary slice of the BF16 LM head is copied out of the mapping
+// (rank_columns: whole 128-column blocks, together the whole head once) and w_bf16 stays the
+// mapped head; one rank copies the whole head and reads w_bf16 from the copy.
+TEST(Weights, EachRankCopiesItsHeadSlice) {
+  const auto cfg = load_config(kTiny);
+  auto ck = std::make_shared<const Checkpoint>(kTiny);
+  const TensorView& head = ck->get("lm_head.weight");
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  for (int W : {2, 4}) {
+    int64_t covered = 0;
+    for (int r = 0; r < W; ++r) {
+      LoadOptions opts;
+      opts.ep_size = W;
+      opts.ep_rank = r;
+      if (cfg.n_routed_experts % W != 0) continue;
+      auto w = load_weights(ck, cfg, opts);
+      const Linear& l = w->lm_head;
+      EXPECT_EQ(static_cast<const void*>(l.w_bf16), static_cast<const void*>(head.data));
+      ASSERT_NE(l.w_slice, nullptr) << "rank " << r << " of " << W;
+      EXPECT_EQ(l.slice, rank_columns(V, r, W));
+      EXPECT_EQ(l.slice.first, covered) << "slices in rank order, no gap";
+      EXPECT_EQ(l.slice.first % 128, 0);
+      const int64_t cols = l.slice.second - l.slice.first;
+      EXPECT_EQ(std::memcmp(l.w_slice, head.data + size_t(l.slice.first * H) * sizeof(bf16),
+                            size_t(cols * H) * sizeof(bf16)),
+                0)
+          << "rank " << r << " of " << W;
+      covered = l.slice.second;
+    }
+    EXPECT_EQ(covered, V) << W << " ranks";
+  }
+  auto one = load_weights(ck, cfg, {});  // one rank: the whole head copied, no slice
+  EXPECT_EQ(one->lm_head.w_slice, nullptr);
+  EXPECT_NE(static_cast<const void*>(one->lm_head.w_bf16), static_cast<const void*>(head.data));
+}
+
 TEST(Forward, PrefillMatchesGoldenAndChunkedPrefillMatchesOneShot) {
   const Golden g = golden_prompt(2);
   const int64_t T = int64_t(g.ids.size()), V = g.vocab;
