@@ -73,6 +73,20 @@ size_t mlp_bytes(const Mlp& m) {
 
 }  // namespace
 
+// uint32 words in weight storage (detail::weight_alloc): decode streams them from DRAM every step,
+// and on huge pages like the checkpoint's weights, not malloc's 4 KiB ones (a TLB walk a page).
+struct WeightWords {
+  std::shared_ptr<std::byte> storage;
+  size_t words = 0;
+  void allocate(size_t n) {
+    storage = detail::weight_alloc(n * sizeof(uint32_t));
+    words = n;
+  }
+  uint32_t* data() const { return reinterpret_cast<uint32_t*>(storage.get()); }
+  size_t size() const { return words; }
+  bool empty() const { return words == 0; }
+};
+
 // Per-layer attention weights derived once at construction: kv_b as bf16(q·S) (NUMERICS: kv_b
 // is never an fp8 linear), and W_UK transposed per head so q̃ = q_nope·W_UK is an NT GEMM.
 struct AbsorbedKvB {
@@ -80,7 +94,7 @@ struct AbsorbedKvB {
   Tensor w_uk_t;  // [H, r, dn] bf16
   // Each head's W_UK (of w_uk_t) and W_UV (of w_bf16) in the pairs layout
   // (kernels::pack_bf16_pairs), head after head; empty where the CPU has no use for it.
-  std::vector<uint32_t> uk_pairs, uv_pairs;
+  WeightWords uk_pairs, uv_pairs;
 };
 
 struct DeepseekModel::Impl {
@@ -147,8 +161,8 @@ struct DeepseekModel::Impl {
             dst[(hh * r + c) * dn + d] = src[(hh * (dn + dv) + d) * r + c];
       if (const size_t uk = k::bf16_pairs_words(r, dn), uv = k::bf16_pairs_words(dv, r);
           uk > 0 && uv > 0) {
-        a.uk_pairs.resize(size_t(H) * uk);
-        a.uv_pairs.resize(size_t(H) * uv);
+        a.uk_pairs.allocate(size_t(H) * uk);
+        a.uv_pairs.allocate(size_t(H) * uv);
         for (int64_t hh = 0; hh < H; ++hh) {
           k::pack_bf16_pairs(dst + hh * r * dn, r, dn, a.uk_pairs.data() + size_t(hh) * uk);
           k::pack_bf16_pairs(src + (hh * (dn + dv) + dn) * r, dv, r,

@@ -316,10 +316,9 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
       for (int64_t r = 0; r < p.m; ++r)
         DecodeRow<true>(p.a + b * p.a_batch + r * lda, af.data() + (b * p.m + r) * K, K);
   }
-  // A lane per column, no horizontal sums: the same bytes, faster where those sums weigh (small K,
-  // few rows); at K = 256 and M = 16 its two loads per product made it 0.8-0.96x the other
-  // (`bench kernels --bench gemm_bf16_heads`).
-  if (dot && p.w_pairs != nullptr && K % 32 == 0 && (K <= 128 || p.m <= kSmallM)) {
+  // A lane per column, no horizontal sums: the same bytes as the rows kernel, faster at every
+  // shape `bench kernels --bench gemm_bf16_heads` measures.
+  if (dot && p.w_pairs != nullptr && K % 32 == 0) {
     const size_t words = bf16_pairs_words(p.n, K);
     const int64_t tiles = (p.n + kPairCols - 1) / kPairCols;
     kernel_pool().parallel_for(

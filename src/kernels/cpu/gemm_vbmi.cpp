@@ -414,6 +414,16 @@ DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
   return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(High16(x), _mm512_set1_epi32(0x40)));
 }
 
+// Software prefetch this many bytes ahead in the weight stream: the hardware prefetcher alone left
+// the kernel streaming at about half the read pass (docs/performance.md §8). 2 KiB was best of 0.5
+// to 4 KiB on a VM that read 30 GB/s; at 50-75 GB/s the lines must be asked for further ahead to
+// cover the same latency, and 8 KiB streamed 20-30% faster than 2 KiB (4 and 16 KiB in between).
+// A prefetch past the end of the layout is harmless: prefetches never fault. Several streams
+// (PanelGroup) and the pairs kernel share this distance.
+constexpr int64_t kPrefetchAhead = 8192;
+// The AMX kernel keeps the distance it was measured with (2 KiB): no AMX CPU to measure it again.
+constexpr int64_t kAmxPrefetchAhead = 2048;
+
 // ---- bf16 pairs layout (small K)
 // ----------------------------------------------------------------- At K = 64..256 (the absorbed
 // attention's per-head GEMMs) Bf16DotColumns does 2..8 dot products per output and then its 16-lane
@@ -425,40 +435,68 @@ DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
 // same bytes, with the sums vertical.
 inline int64_t pair_cols(int64_t n) { return (n + kPairCols - 1) / kPairCols * kPairCols; }
 
-// Rows 0..m-1 of g, output columns [j0, j1) (j0 % 16 == 0) from pw, g's weight in the pairs
-// layout; a: the rows' activations (bf16, row stride lda), k % 32 == 0.
-DI_BF16_TARGET void Bf16PairColumns(const GemmArgs& g, const uint16_t* a, int64_t lda,
-                                    const uint32_t* pw, int64_t j0, int64_t j1) {
+// Up to 8 rows at once share each weight load: for l = 0..15, the rows' A_l (their K pairs 16c + l
+// over c, in order) and then sum += A_l. The same operations in the same order as one row at a time
+// with all 16 A_l live, but a weight vector is loaded once for MM broadcast products instead of
+// once for each (two loads a product made the single-row walk 0.8-0.96x the rows kernel at K = 256
+// and M = 16, docs/performance.md §8).
+template <int MM>
+DI_BF16_TARGET void Bf16PairRows(const GemmArgs& g, const uint16_t* a, int64_t lda,
+                                 const uint32_t* wt, int64_t r0, int64_t jt, __mmask16 keep,
+                                 const char* pf) {
   const int64_t groups = g.k / 32, ldo = g.ldo ? g.ldo : g.n;
+  const uint32_t* ar[MM];
+#pragma GCC unroll 8
+  for (int r = 0; r < MM; ++r) ar[r] = reinterpret_cast<const uint32_t*>(a + (r0 + r) * lda);
+  __m512 sum[MM];
+#pragma GCC unroll 8
+  for (int r = 0; r < MM; ++r) sum[r] = _mm512_setzero_ps();
+  for (int l = 0; l < 16; ++l) {
+    __m512 acc[MM];
+#pragma GCC unroll 8
+    for (int r = 0; r < MM; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < groups; ++c) {
+      // Pair 16c + l of the tile's kPairCols columns.
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(wt + kPairCols * (16 * c + l));
+      if (pf) _mm_prefetch(pf + 64 * (16 * c + l), _MM_HINT_T0);
+#pragma GCC unroll 8
+      for (int r = 0; r < MM; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(int(ar[r][16 * c + l])), w);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MM; ++r) sum[r] = _mm512_add_ps(sum[r], acc[r]);
+  }
   // Words 0, 2, ..., 30 first: the low halves, where Bf16Bits leaves each lane's bf16.
   const __m512i even =
       _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
                        24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+#pragma GCC unroll 8
+  for (int r = 0; r < MM; ++r) {
+    const int64_t at = (r0 + r) * ldo + jt;
+    if (g.out_f32)
+      _mm512_mask_storeu_ps(g.out_f32 + at, keep, sum[r]);
+    else
+      _mm512_mask_storeu_epi16(g.out + at, __mmask32(keep),
+                               _mm512_permutexvar_epi16(even, Bf16Bits(sum[r])));
+  }
+}
+
+// Rows 0..m-1 of g, output columns [j0, j1) (j0 % 16 == 0) from pw, g's weight in the pairs
+// layout; a: the rows' activations (bf16, row stride lda), k % 32 == 0.
+DI_BF16_TARGET void Bf16PairColumns(const GemmArgs& g, const uint16_t* a, int64_t lda,
+                                    const uint32_t* pw, int64_t j0, int64_t j1) {
   for (int64_t jt = j0; jt < j1; jt += kPairCols) {
     const int64_t nj = std::min(kPairCols, j1 - jt);
     const __mmask16 keep = __mmask16((1u << nj) - 1);
     const uint32_t* wt = pw + jt * (g.k / 2);  // the tile's k / 2 · 64 bytes, in order
-    for (int64_t r = 0; r < g.m; ++r) {        // they stay in L1 for every row
-      const auto* ar = reinterpret_cast<const uint32_t*>(a + r * lda);
-      __m512 acc[16];
-#pragma GCC unroll 16
-      for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < groups; ++c) {
-        const uint32_t* wc = wt + kPairCols * 16 * c;  // 16 pairs of kPairCols words
-#pragma GCC unroll 16
-        for (int l = 0; l < 16; ++l)
-          acc[l] = _mm512_dpbf16_ps(acc[l], (__m512bh)_mm512_set1_epi32(int(ar[16 * c + l])),
-                                    (__m512bh)_mm512_loadu_si512(wc + 16 * l));
-      }
-      __m512 sum = _mm512_setzero_ps();
-#pragma GCC unroll 16
-      for (int l = 0; l < 16; ++l) sum = _mm512_add_ps(sum, acc[l]);
-      if (g.out_f32)
-        _mm512_mask_storeu_ps(g.out_f32 + r * ldo + jt, keep, sum);
-      else
-        _mm512_mask_storeu_epi16(g.out + r * ldo + jt, __mmask32(keep),
-                                 _mm512_permutexvar_epi16(even, Bf16Bits(sum)));
-    }
+    // A call's tiles (every head's, in order) are one sequential stream, which the first row block
+    // prefetches kPrefetchAhead ahead: at decode the weights come from DRAM, and without it the
+    // kernel waited on each tile's lines (8 KiB was best of 0 to 16 KiB, out of cache).
+    const char* pf = reinterpret_cast<const char*>(wt) + kPrefetchAhead;
+    for (int64_t r0 = 0; r0 < g.m; r0 += kSmallM)  // they stay in L1 for every row
+      with_rows(std::min(kSmallM, g.m - r0), [&]<int MM>() {
+        Bf16PairRows<MM>(g, a, lda, wt, r0, jt, keep, r0 == 0 ? pf : nullptr);
+      });
   }
 }
 
@@ -479,16 +517,6 @@ DI_VBMI_TARGET inline void StorePanelRow(const GemmArgs& g, int64_t r, int64_t j
   const __mmask32 m = nj >= 32 ? ~__mmask32(0) : __mmask32((1u << nj) - 1);
   _mm512_mask_storeu_epi16(g.out + at, m, words);
 }
-
-// Software prefetch this many bytes ahead in the weight stream: the hardware prefetcher alone left
-// the kernel streaming at about half the read pass (docs/performance.md §8). 2 KiB was best of 0.5
-// to 4 KiB on a VM that read 30 GB/s; at 50-75 GB/s the lines must be asked for further ahead to
-// cover the same latency, and 8 KiB streamed 20-30% faster than 2 KiB (4 and 16 KiB in between).
-// A prefetch past the end of the layout is harmless: prefetches never fault. Several streams
-// (PanelGroup) share this distance.
-constexpr int64_t kPrefetchAhead = 8192;
-// The AMX kernel keeps the distance it was measured with (2 KiB): no AMX CPU to measure it again.
-constexpr int64_t kAmxPrefetchAhead = 2048;
 
 // S panels at once (panels[0..S)), each its own stream: chunk c of every panel in turn, so the
 // core has S sequential streams in flight, each prefetched kPrefetchAhead / S ahead (the same

@@ -381,8 +381,9 @@ DEEPINFER_KERNEL_BENCH(gemm_bf16_heads) {
   // The synthetic model's absorbed MLA at decode: q_nope [M, 16 heads, 64] times each head's W_UK
   // [256, 64] into the latent, and the attention output [M, 16, 256] times W_UV [64, 256] back.
   // Their weights (1 MiB a layer) stay in cache; the small K makes the end of each output's sum a
-  // large share of the work. Each shape runs as the runtime does (`pairs`: the weights in the pairs
-  // layout where the CPU has BF16 dot products) and without the layout (`speedup_vs_rows`).
+  // large share of the work. M = 128 is a prefill's. Each shape runs as the runtime does (`pairs`:
+  // the weights in the pairs layout where the CPU has BF16 dot products) and without the layout
+  // (`speedup_vs_rows`).
   int failures = 0;
   const int64_t heads = 16;
   struct Shape {
@@ -394,7 +395,7 @@ DEEPINFER_KERNEL_BENCH(gemm_bf16_heads) {
                                     : ctx.fma_peak_gflops();
   ScopedBackend use(KernelBackend::cpu);
   for (const Shape sh : {Shape{256, 64}, Shape{64, 256}})
-    for (int64_t m : {int64_t(1), int64_t(16)}) {
+    for (int64_t m : {int64_t(1), int64_t(16), int64_t(128)}) {
       const int64_t n = sh.n, k = sh.k;
       const auto a = random_bf16(m * heads * k, uint64_t(m + k), -2.0f, 2.0f);
       const auto w = random_bf16(heads * n * k, uint64_t(n + 5), -0.1f, 0.1f);
