@@ -230,6 +230,16 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
   }
 }
 
+// Software prefetch this many bytes ahead in the weight stream: the hardware prefetcher alone left
+// the kernel streaming at about half the read pass (docs/performance.md §8). 2 KiB was best of 0.5
+// to 4 KiB on a VM that read 30 GB/s; at 50-75 GB/s the lines must be asked for further ahead to
+// cover the same latency, and 8 KiB streamed 20-30% faster than 2 KiB (4 and 16 KiB in between).
+// A prefetch past the end of the layout is harmless: prefetches never fault. Several streams
+// (PanelGroup, Bf16DotRowStreams) and the pairs kernel share this distance.
+constexpr int64_t kPrefetchAhead = 8192;
+// The AMX kernel keeps the distance it was measured with (2 KiB): no AMX CPU to measure it again.
+constexpr int64_t kAmxPrefetchAhead = 2048;
+
 // ---- bf16 rows with VDPBF16PS
 // Lane l of a row's accumulator for a column takes the K pairs (32c + 2l, 32c + 2l + 1) for c = 0,
 // 1, ... in order (the K edge by masked loads of zeros); the lanes are summed in order at the end.
@@ -351,6 +361,75 @@ DI_BF16_TARGET void Bf16DotColumns(const GemmArgs& g, const uint16_t* a, int64_t
   }
 }
 
+// Outputs cols[0..filled) of row 0: the lane sums (Hsum16) of lanes[0..filled). Returns 0.
+DI_BF16_TARGET inline int StoreLaneSums(const GemmArgs& g, const __m512* lanes, const int64_t* cols,
+                                        int filled) {
+  alignas(64) float v[16];
+  _mm512_store_ps(v, Hsum16(lanes));
+  for (int i = 0; i < filled; ++i) {
+    if (g.out)
+      g.out[cols[i]] = f32_to_bf16(v[i]);
+    else
+      g.out_f32[cols[i]] = v[i];
+  }
+  return 0;
+}
+
+// One row (M = 1): columns [j0, j1) cut into S contiguous ranges walked side by side, a whole
+// weight row of each in turn, so the core reads S long sequential streams (the slices above give 8
+// streams of 4 KiB a tile, restarted at every tile: docs/performance.md §8). Each column's lanes
+// take its K pairs in the order Bf16DotSteps gives them and Hsum16 sums them as there: the same
+// bytes.
+// Four: 1.13-1.21x the slices from DRAM on the EPYC VM (LM head, 2 threads, three rounds), two
+// 1.09-1.15x, eight 0.81-1.23x; each stream prefetched kPrefetchAhead / S ahead, as PanelGroup's.
+constexpr int kRowStreams = 4;
+template <int S>
+DI_BF16_TARGET void Bf16DotRowStreams(const GemmArgs& g, const uint16_t* a, int64_t j0,
+                                      int64_t j1) {
+  constexpr int64_t ahead = kPrefetchAhead / S / 2;  // in bf16 elements
+  const int64_t K = g.k, full = K / 32, len = (j1 - j0 + S - 1) / S;
+  const __mmask32 tail = __mmask32((1u << (K % 32)) - 1);
+  const auto* w = static_cast<const uint16_t*>(g.w);
+  alignas(64) __m512 lanes[16];
+  int64_t cols[16];
+  int filled = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const uint16_t* wr[S];
+    int64_t col[S];
+#pragma GCC unroll 8
+    for (int t = 0; t < S; ++t) {
+      col[t] = j0 + t * len + i;
+      wr[t] = w + std::min(col[t], j1 - 1) * K;  // past j1: a row read again, its sum dropped
+    }
+    __m512 acc[S];
+#pragma GCC unroll 8
+    for (int t = 0; t < S; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; ++c) {
+      const __m512bh av = (__m512bh)_mm512_loadu_si512(a + 32 * c);
+#pragma GCC unroll 8
+      for (int t = 0; t < S; ++t) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[t] + 32 * c + ahead), _MM_HINT_T0);
+        acc[t] = _mm512_dpbf16_ps(acc[t], av, (__m512bh)_mm512_loadu_si512(wr[t] + 32 * c));
+      }
+    }
+    if (tail) {
+      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(tail, a + 32 * full);
+#pragma GCC unroll 8
+      for (int t = 0; t < S; ++t)
+        acc[t] = _mm512_dpbf16_ps(acc[t], av,
+                                  (__m512bh)_mm512_maskz_loadu_epi16(tail, wr[t] + 32 * full));
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < S; ++t) {
+      if (col[t] >= std::min(j1, j0 + (t + 1) * len)) continue;
+      lanes[filled] = acc[t];
+      cols[filled++] = col[t];
+      if (filled == 16) filled = StoreLaneSums(g, lanes, cols, filled);
+    }
+  }
+  if (filled > 0) StoreLaneSums(g, lanes, cols, filled);  // lanes past `filled`: summed, dropped
+}
+
 // ---- decode layout ------------------------------------------------------------------------------
 // Panel = 32 output columns (two groups of 16), all of K. In a panel, group g's chunk c (64 bytes)
 // holds K [4c, 4c+4) of its 16 columns: byte 16·(i/4) + 2·(i%4) + e is column i at K 4c + e, and
@@ -413,16 +492,6 @@ DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
                                                 _mm512_set1_epi32(0x7f800000));
   return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(High16(x), _mm512_set1_epi32(0x40)));
 }
-
-// Software prefetch this many bytes ahead in the weight stream: the hardware prefetcher alone left
-// the kernel streaming at about half the read pass (docs/performance.md §8). 2 KiB was best of 0.5
-// to 4 KiB on a VM that read 30 GB/s; at 50-75 GB/s the lines must be asked for further ahead to
-// cover the same latency, and 8 KiB streamed 20-30% faster than 2 KiB (4 and 16 KiB in between).
-// A prefetch past the end of the layout is harmless: prefetches never fault. Several streams
-// (PanelGroup) and the pairs kernel share this distance.
-constexpr int64_t kPrefetchAhead = 8192;
-// The AMX kernel keeps the distance it was measured with (2 KiB): no AMX CPU to measure it again.
-constexpr int64_t kAmxPrefetchAhead = 2048;
 
 // ---- bf16 pairs layout (small K)
 // ----------------------------------------------------------------- At K = 64..256 (the absorbed
@@ -1056,6 +1125,10 @@ void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0
   // thread); a block's rows share each weight tile while it is in cache.
   constexpr int64_t kDotRowBlock = 256;
   const int64_t ldo = g.ldo ? g.ldo : g.n;
+  if (g.m == 1) {  // streaming-bound: long streams instead of slices (Bf16DotRowStreams)
+    Bf16DotRowStreams<kRowStreams>(g, a, j0, j1);
+    return;
+  }
   for (int64_t r0 = 0; r0 < g.m; r0 += kDotRowBlock) {
     GemmArgs s = g;
     s.m = std::min(kDotRowBlock, g.m - r0);

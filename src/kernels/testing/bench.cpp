@@ -47,28 +47,32 @@ double FmaLoop(int64_t iters, float* sink) {
 }
 
 // Reads [p, p + n) once (n a multiple of 256) as `streams` equal sequential parts walked side by
-// side, 256 bytes of each in turn, with four independent vector adds, prefetching `ahead` bytes
-// ahead in each; returns a sum of the words so the loads cannot be optimised away. The read-only
-// pass behind read_gbps.
-uint64_t ReadLoop(const uint8_t* p, size_t n, size_t ahead, size_t streams) {
+// side, `grain` bytes (64 or 256) of each in turn, prefetching `ahead` bytes ahead in each; returns
+// a sum of the words so the loads cannot be optimised away. The read-only pass behind read_gbps.
+uint64_t ReadLoop(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain) {
   const hn::ScalableTag<uint64_t> d;
   const size_t N = hn::Lanes(d);
-  const size_t part = n / 256 / streams * 256, step = 4 * N;  // step: 256 bytes at 512-bit vectors
+  const size_t part = n / 256 / streams * 256, step = grain / sizeof(uint64_t);
   auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
-  for (size_t at = 0; at + step * sizeof(uint64_t) <= part; at += step * sizeof(uint64_t))
+  for (size_t at = 0; at + grain <= part; at += grain)
     for (size_t q = 0; q < streams; ++q) {
       const auto* w = reinterpret_cast<const uint64_t*>(p + q * part + at);
       // The pass must measure the best read rate a kernel can reach, not the hardware
       // prefetcher's alone: the weight-streaming GEMMs prefetch in software too.
-      for (size_t l = 0; l < step * sizeof(uint64_t); l += 64)
+      for (size_t l = 0; l < grain; l += 64)
         hwy::Prefetch(reinterpret_cast<const uint8_t*>(w) + ahead + l);
-      s0 = hn::Add(s0, hn::LoadU(d, w));
-      s1 = hn::Add(s1, hn::LoadU(d, w + N));
-      s2 = hn::Add(s2, hn::LoadU(d, w + 2 * N));
-      s3 = hn::Add(s3, hn::LoadU(d, w + 3 * N));
+      // Four independent adds where the grain holds four vectors, one chain otherwise.
+      for (size_t v = 0; v + 4 * N <= step; v += 4 * N) {
+        s0 = hn::Add(s0, hn::LoadU(d, w + v));
+        s1 = hn::Add(s1, hn::LoadU(d, w + v + N));
+        s2 = hn::Add(s2, hn::LoadU(d, w + v + 2 * N));
+        s3 = hn::Add(s3, hn::LoadU(d, w + v + 3 * N));
+      }
+      for (size_t v = step / (4 * N) * (4 * N); v < step; v += N)
+        s0 = hn::Add(s0, hn::LoadU(d, w + v));
     }
-  // What the parts leave (the remainder, and a tail where vectors are narrower than 512 bits).
-  const size_t done = part / (step * sizeof(uint64_t)) * (step * sizeof(uint64_t));
+  // What the parts leave (the remainder past the last whole 256 bytes of each part).
+  const size_t done = part / grain * grain;
   uint64_t tail = 0;
   for (size_t q = 0; q < streams; ++q)
     for (size_t i = q * part + done; i < (q + 1 == streams ? n : (q + 1) * part); i += 8)
@@ -98,8 +102,8 @@ namespace deepinfer::kernels::testing {
 HWY_EXPORT(FmaLoop);
 HWY_EXPORT(ReadLoop);
 
-uint64_t read_pass_sum(const uint8_t* p, size_t n, size_t ahead, size_t streams) {
-  return HWY_DYNAMIC_DISPATCH(ReadLoop)(p, n, ahead, streams);
+uint64_t read_pass_sum(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain) {
+  return HWY_DYNAMIC_DISPATCH(ReadLoop)(p, n, ahead, streams, grain);
 }
 
 namespace {
@@ -259,13 +263,17 @@ double BenchContext::read_gbps(size_t bytes) {
   std::vector<uint64_t> sinks(size_t(ctx_chunks(*this)) * 8, 0);  // one cache line per chunk
   // The fastest of one sequential stream a chunk, prefetching 2 KiB ahead (best for one stream
   // here) or 8 KiB (what the decode-layout GEMM does), and four streams side by side, as the
-  // decode-layout GEMM walks its panels (on the EPYC VM 1.3-1.5x one stream: docs/performance.md
-  // §8).
+  // decode-layout GEMM walks its panels and the M = 1 BF16 kernel its rows (on the EPYC VM
+  // 1.3-1.5x one stream, and 64 bytes of each in turn 1.1-1.3x 256: docs/performance.md §8).
+  struct Walk {
+    size_t ahead, streams, grain;
+  };
   double gbps = 0;
-  for (const auto& [ahead, streams] : {std::pair<size_t, size_t>{2048, 1}, {8192, 1}, {2048, 4}})
+  for (const Walk& k : {Walk{2048, 1, 256}, Walk{8192, 1, 256}, Walk{2048, 4, 256},
+                        Walk{1024, 4, 64}, Walk{2048, 4, 64}})
     gbps = std::max(gbps, pass_gbps(*this, bytes, 256, [&](size_t lo, size_t hi, int64_t c) {
-                      sinks[size_t(c) * 8] +=
-                          HWY_DYNAMIC_DISPATCH(ReadLoop)(buf + lo, hi - lo, ahead, streams);
+                      sinks[size_t(c) * 8] += HWY_DYNAMIC_DISPATCH(ReadLoop)(
+                          buf + lo, hi - lo, k.ahead, k.streams, k.grain);
                     }));
   read_cache[bytes] = gbps;
   return gbps;
