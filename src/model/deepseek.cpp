@@ -73,28 +73,15 @@ size_t mlp_bytes(const Mlp& m) {
 
 }  // namespace
 
-// uint32 words in weight storage (detail::weight_alloc): decode streams them from DRAM every step,
-// and on huge pages like the checkpoint's weights, not malloc's 4 KiB ones (a TLB walk a page).
-struct WeightWords {
-  std::shared_ptr<std::byte> storage;
-  size_t words = 0;
-  void allocate(size_t n) {
-    storage = detail::weight_alloc(n * sizeof(uint32_t));
-    words = n;
-  }
-  uint32_t* data() const { return reinterpret_cast<uint32_t*>(storage.get()); }
-  size_t size() const { return words; }
-  bool empty() const { return words == 0; }
-};
-
 // Per-layer attention weights derived once at construction: kv_b as bf16(q·S) (NUMERICS: kv_b
 // is never an fp8 linear), and W_UK transposed per head so q̃ = q_nope·W_UK is an NT GEMM.
 struct AbsorbedKvB {
   Tensor w_bf16;  // [H·(dn + dv), r] bf16 (owned, or borrowed from a BF16 Linear)
   Tensor w_uk_t;  // [H, r, dn] bf16
   // Each head's W_UK (of w_uk_t) and W_UV (of w_bf16) in the pairs layout
-  // (kernels::pack_bf16_pairs), head after head; empty where the CPU has no use for it.
-  WeightWords uk_pairs, uv_pairs;
+  // (kernels::pack_bf16_pairs: uint32 words), [H, words]; undefined where the CPU has no use for
+  // it. In weight storage: decode streams them every step, on huge pages like the checkpoint's.
+  Tensor uk_pairs, uv_pairs;
 };
 
 struct DeepseekModel::Impl {
@@ -161,12 +148,16 @@ struct DeepseekModel::Impl {
             dst[(hh * r + c) * dn + d] = src[(hh * (dn + dv) + d) * r + c];
       if (const size_t uk = k::bf16_pairs_words(r, dn), uv = k::bf16_pairs_words(dv, r);
           uk > 0 && uv > 0) {
-        a.uk_pairs.allocate(size_t(H) * uk);
-        a.uv_pairs.allocate(size_t(H) * uv);
+        const auto words = [&](size_t each) {
+          return Tensor::borrow(detail::weight_alloc(size_t(H) * each * sizeof(uint32_t)),
+                                DType::i32, {H, int64_t(each)});
+        };
+        a.uk_pairs = words(uk);
+        a.uv_pairs = words(uv);
         for (int64_t hh = 0; hh < H; ++hh) {
-          k::pack_bf16_pairs(dst + hh * r * dn, r, dn, a.uk_pairs.data() + size_t(hh) * uk);
+          k::pack_bf16_pairs(dst + hh * r * dn, r, dn, a.uk_pairs.data<uint32_t>() + hh * uk);
           k::pack_bf16_pairs(src + (hh * (dn + dv) + dn) * r, dv, r,
-                             a.uv_pairs.data() + size_t(hh) * uv);
+                             a.uv_pairs.data<uint32_t>() + hh * uv);
         }
       }
       kvb.push_back(std::move(a));
@@ -490,7 +481,8 @@ struct DeepseekModel::Impl {
         gp.a_batch = qk;
         gp.w_batch = r * dn;
         gp.out_batch = row;
-        if (!kvb[size_t(li)].uk_pairs.empty()) gp.w_pairs = kvb[size_t(li)].uk_pairs.data();
+        if (kvb[size_t(li)].uk_pairs.defined())
+          gp.w_pairs = kvb[size_t(li)].uk_pairs.data<uint32_t>();
         k::gemm_bf16(gp);  // [T, H, :r]
       }
       for (int64_t i = 0; i < T * H; ++i)
@@ -569,7 +561,8 @@ struct DeepseekModel::Impl {
         gp.a_batch = r;
         gp.w_batch = (dn + dv) * r;
         gp.out_batch = dv;
-        if (!kvb[size_t(li)].uv_pairs.empty()) gp.w_pairs = kvb[size_t(li)].uv_pairs.data();
+        if (kvb[size_t(li)].uv_pairs.defined())
+          gp.w_pairs = kvb[size_t(li)].uv_pairs.data<uint32_t>();
         k::gemm_bf16(gp);
       }
       bf16* ao = attn.get(T * hid);
@@ -1396,10 +1389,10 @@ DecodeWeightBytes DeepseekModel::decode_weight_bytes() const {
     // The absorbed attention reads W_UK and W_UV once each (as w_uk_t and w_bf16's W_UV rows, or in
     // the pairs layout), not w_bf16's W_UK rows.
     const AbsorbedKvB& a = impl_->kvb[i];
-    d.shared += a.uk_pairs.empty() ? double(a.w_uk_t.nbytes()) + double(c.num_attention_heads) *
-                                                                     double(c.v_head_dim) *
-                                                                     double(c.kv_lora_rank) * 2
-                                   : double((a.uk_pairs.size() + a.uv_pairs.size()) * 4);
+    d.shared += !a.uk_pairs.defined() ? double(a.w_uk_t.nbytes()) + double(c.num_attention_heads) *
+                                                                        double(c.v_head_dim) *
+                                                                        double(c.kv_lora_rank) * 2
+                                      : double(a.uk_pairs.nbytes() + a.uv_pairs.nbytes());
     d.shared += 2.0 * double(c.hidden_size) * 2;  // the two norms
     if (!L.moe) {
       d.shared += double(mlp_bytes(L.dense));

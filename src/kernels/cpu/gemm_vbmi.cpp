@@ -361,9 +361,9 @@ DI_BF16_TARGET void Bf16DotColumns(const GemmArgs& g, const uint16_t* a, int64_t
   }
 }
 
-// Outputs cols[0..filled) of row 0: the lane sums (Hsum16) of lanes[0..filled). Returns 0.
-DI_BF16_TARGET inline int StoreLaneSums(const GemmArgs& g, const __m512* lanes, const int64_t* cols,
-                                        int filled) {
+// Outputs cols[0..filled) of row 0: the lane sums (Hsum16) of lanes[0..filled).
+DI_BF16_TARGET inline void StoreLaneSums(const GemmArgs& g, const __m512* lanes,
+                                         const int64_t* cols, int filled) {
   alignas(64) float v[16];
   _mm512_store_ps(v, Hsum16(lanes));
   for (int i = 0; i < filled; ++i) {
@@ -372,7 +372,6 @@ DI_BF16_TARGET inline int StoreLaneSums(const GemmArgs& g, const __m512* lanes, 
     else
       g.out_f32[cols[i]] = v[i];
   }
-  return 0;
 }
 
 // One row (M = 1): columns [j0, j1) cut into S contiguous ranges walked side by side, a whole
@@ -424,7 +423,10 @@ DI_BF16_TARGET void Bf16DotRowStreams(const GemmArgs& g, const uint16_t* a, int6
       if (col[t] >= std::min(j1, j0 + (t + 1) * len)) continue;
       lanes[filled] = acc[t];
       cols[filled++] = col[t];
-      if (filled == 16) filled = StoreLaneSums(g, lanes, cols, filled);
+      if (filled == 16) {
+        StoreLaneSums(g, lanes, cols, filled);
+        filled = 0;
+      }
     }
   }
   if (filled > 0) StoreLaneSums(g, lanes, cols, filled);  // lanes past `filled`: summed, dropped
@@ -1121,14 +1123,14 @@ bool bf16_dot_gemm() { return cpu_has_bf16_dot() && g_decode_gemm != DecodeGemm:
 void bf16_dot_rows(const GemmArgs& g, const uint16_t* a, int64_t lda, int64_t j0, int64_t j1) {
   DI_CHECK(g.bf16_inputs && g.m >= 1 && bf16_dot_gemm(),
            "bf16_dot_rows: m={} on a CPU or setting without it", g.m);
-  // Rows in blocks, so the accumulators kept between K slices stay small (kDotRowBlock · 512 B a
-  // thread); a block's rows share each weight tile while it is in cache.
-  constexpr int64_t kDotRowBlock = 256;
-  const int64_t ldo = g.ldo ? g.ldo : g.n;
   if (g.m == 1) {  // streaming-bound: long streams instead of slices (Bf16DotRowStreams)
     Bf16DotRowStreams<kRowStreams>(g, a, j0, j1);
     return;
   }
+  // Rows in blocks, so the accumulators kept between K slices stay small (kDotRowBlock · 512 B a
+  // thread); a block's rows share each weight tile while it is in cache.
+  constexpr int64_t kDotRowBlock = 256;
+  const int64_t ldo = g.ldo ? g.ldo : g.n;
   for (int64_t r0 = 0; r0 < g.m; r0 += kDotRowBlock) {
     GemmArgs s = g;
     s.m = std::min(kDotRowBlock, g.m - r0);
