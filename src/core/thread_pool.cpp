@@ -216,9 +216,10 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   // inline above and does not touch them).
   thread_local std::vector<int64_t> bounds;
   if (schedule == Schedule::tapering) tapering_bounds(n, grain, impl_->num_threads, bounds);
+  const int64_t per_thread = schedule == Schedule::per_thread ? 1 : kChunksPerThread;
   const int64_t chunks = schedule == Schedule::tapering
                              ? int64_t(bounds.size()) - 1
-                             : std::min({n / grain, int64_t(impl_->num_threads) * kChunksPerThread,
+                             : std::min({n / grain, int64_t(impl_->num_threads) * per_thread,
                                          int64_t(Impl::kChunkMask)});
   if (chunks <= 1) {
     DepthGuard depth;

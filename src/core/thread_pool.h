@@ -17,7 +17,9 @@ class ThreadPool {
   // that shrink toward the end (each about the work left ÷ twice the threads, never under
   // `grain`), so the threads finish within one small chunk of each other while most of the work
   // still goes in long contiguous ranges: for weight streaming, where per-core speed varies.
-  enum class Schedule { even, tapering };
+  // `per_thread`: one equal contiguous range a thread (fewer where grain says so): for short
+  // streaming calls, where every further chunk costs more than the imbalance it would save.
+  enum class Schedule { even, tapering, per_thread };
 
   int num_threads() const;
   // Calls fn(begin, end) on disjoint ranges covering [0, n), at least `grain` items each,

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,7 +23,7 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnceWithGrain) {
   for (int threads : {1, 2, 3, 8}) {
     ThreadPool pool(threads);
     EXPECT_EQ(pool.num_threads(), threads);
-    for (Schedule schedule : {Schedule::even, Schedule::tapering})
+    for (Schedule schedule : {Schedule::even, Schedule::tapering, Schedule::per_thread})
       for (int64_t n : {0, 1, 2, 3, 7, 31, 100, 1000, 12345}) {
         for (int64_t grain : {0, 1, 3, 64, 1000, 100000}) {
           std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
@@ -39,7 +40,7 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnceWithGrain) {
           for (int64_t i = 0; i < n; ++i)
             ASSERT_EQ(hits[size_t(i)].load(), 1)
                 << "threads " << threads << " n " << n << " grain " << grain << " i " << i
-                << " tapering " << (schedule == Schedule::tapering);
+                << " schedule " << int(schedule);
           if (n == 0) {
             EXPECT_TRUE(ranges.empty());
             continue;
@@ -53,22 +54,29 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnceWithGrain) {
   }
 }
 
+// The ranges one parallel_for hands out, in order.
+std::vector<std::pair<int64_t, int64_t>> sorted_ranges(ThreadPool& pool, int64_t n, int64_t grain,
+                                                       ThreadPool::Schedule schedule) {
+  std::mutex m;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  pool.parallel_for(
+      n, grain,
+      [&](int64_t b, int64_t e) {
+        std::lock_guard lock(m);
+        ranges.emplace_back(b, e);
+      },
+      schedule);
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
+}
+
 // Tapering chunks shrink from about n / (2 × threads) at the start to the grain at the end: the
 // threads finish within one small chunk of each other, and most items go in long ranges.
 TEST(ThreadPool, TaperingChunksShrinkTowardTheEnd) {
   for (int threads : {2, 4}) {
     ThreadPool pool(threads);
     const int64_t n = 100000, grain = 500;
-    std::mutex m;
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    pool.parallel_for(
-        n, grain,
-        [&](int64_t b, int64_t e) {
-          std::lock_guard lock(m);
-          ranges.emplace_back(b, e);
-        },
-        ThreadPool::Schedule::tapering);
-    std::sort(ranges.begin(), ranges.end());
+    const auto ranges = sorted_ranges(pool, n, grain, ThreadPool::Schedule::tapering);
     ASSERT_GT(ranges.size(), size_t(2 * threads));
     EXPECT_EQ(ranges.front().first, 0);
     EXPECT_EQ(ranges.back().second, n);
@@ -85,6 +93,31 @@ TEST(ThreadPool, TaperingChunksShrinkTowardTheEnd) {
         else
           EXPECT_LT(size, 2 * grain);
       }
+    }
+  }
+}
+
+// per_thread: one contiguous range a thread, their sizes within one item of each other; fewer
+// ranges where the grain leaves fewer than a thread each.
+TEST(ThreadPool, PerThreadCutsOneEqualRangeAThread) {
+  for (int threads : {2, 3, 4}) {
+    ThreadPool pool(threads);
+    for (auto [n, grain] : {std::pair<int64_t, int64_t>{1000, 1}, {1001, 1}, {7, 1}, {1000, 400}}) {
+      const auto ranges = sorted_ranges(pool, n, grain, ThreadPool::Schedule::per_thread);
+      const std::string what = "threads " + std::to_string(threads) + " n " + std::to_string(n) +
+                               " grain " + std::to_string(grain);
+      ASSERT_EQ(int64_t(ranges.size()), std::min<int64_t>(threads, n / grain)) << what;
+      EXPECT_EQ(ranges.front().first, 0) << what;
+      EXPECT_EQ(ranges.back().second, n) << what;
+      int64_t lo = n, hi = 0;
+      for (size_t i = 0; i < ranges.size(); ++i) {
+        if (i > 0) {
+          EXPECT_EQ(ranges[i].first, ranges[i - 1].second) << what;
+        }
+        lo = std::min(lo, ranges[i].second - ranges[i].first);
+        hi = std::max(hi, ranges[i].second - ranges[i].first);
+      }
+      EXPECT_LE(hi - lo, 1) << what;
     }
   }
 }

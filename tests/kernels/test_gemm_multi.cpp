@@ -9,9 +9,12 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "kernels/cpu/gemm_args.h"
 #include "kernels/gemm.h"
 #include "kernels/recorder.h"
@@ -115,6 +118,60 @@ TEST(GemmFp8Multi, EachProblemGetsTheBytesOfItsOwnCall) {
         }
       }
     }
+  }
+}
+
+// The streaming GEMMs' pool cut: one range a thread for a call worth under kPerThreadBelow,
+// tapering chunks from there (docs/performance.md §5).
+TEST(GemmFp8Multi, StreamingCallsCutOneRangeAThreadWhenShortAndTaperWhenLong) {
+  ThreadPool pool(2);
+  const ScopedThreadPool use(pool);
+  for (const int64_t work :
+       {int64_t(1) << 20, cpu::kPerThreadBelow - 1, cpu::kPerThreadBelow, int64_t(64) << 20}) {
+    std::mutex m;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    cpu::parallel_for_streaming(6400, work, [&](int64_t b, int64_t e) {
+      std::lock_guard lock(m);
+      ranges.emplace_back(b, e);
+    });
+    if (work < cpu::kPerThreadBelow) {
+      ASSERT_EQ(ranges.size(), 2u) << "work " << work;
+    } else {
+      EXPECT_GT(ranges.size(), 4u) << "work " << work;
+    }
+  }
+  // The work of M = 1 is its weight bytes; more rows count more.
+  EXPECT_EQ(cpu::streaming_work(3 << 20, 1), 3 << 20);
+  EXPECT_EQ(cpu::streaming_work(3 << 20, 16), 18 << 20);
+}
+
+// A call over the threshold (tapering chunks) gives each problem the bytes of its own call (one
+// range a thread): the cut never changes a column's sums.
+TEST(GemmFp8Multi, TaperedAndPerThreadCallsGiveTheSameBytes) {
+  std::vector<Problem> ps;
+  int64_t work = 0;
+  for (uint64_t seed = 500; work < cpu::kPerThreadBelow; seed += 2) {
+    Problem p;
+    const int64_t m = seed % 3 == 0 ? 3 : 1, n = 1024, k = 2048;
+    p.a = testing::random_fp8_activations(m, k, seed);
+    p.w = testing::random_fp8_weights(n, k, seed + 1);
+    p.decode.resize(decode_layout_bytes(n, k));
+    if (p.decode.empty()) GTEST_SKIP() << "no decode layout on this CPU";
+    pack_decode_layout(p.w.q.data(), n, k, p.decode.data());
+    p.out.assign(size_t(m * n), bf16{0x7fc1});
+    work += cpu::streaming_work(int64_t(p.decode.size()), m);
+    ps.push_back(std::move(p));
+  }
+  ThreadPool pool(2);
+  const ScopedThreadPool use(pool);
+  std::vector<GemmFp8Params> params;
+  for (Problem& p : ps) params.push_back(p.params(p.out.data()));
+  cpu::gemm_fp8_multi(params);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    std::vector<bf16> alone(ps[i].out.size());
+    cpu::gemm_fp8(ps[i].params(alone.data()));
+    EXPECT_EQ(std::memcmp(ps[i].out.data(), alone.data(), ps[i].elems() * sizeof(bf16)), 0)
+        << "problem " << i << " m=" << ps[i].a.rows;
   }
 }
 

@@ -245,9 +245,11 @@ void SmallMAll(const GemmArgs& g) {
     hwy::AlignedFreeUniquePtr<uint16_t[]> a;
     const int64_t ld = PadBf16Rows(
         g.m, g.k, [&](int64_t r) { return static_cast<const uint16_t*>(g.a) + r * g.k; }, a);
-    parallel_for_streaming((g.n + kDotTaskCols - 1) / kDotTaskCols, [&](int64_t t0, int64_t t1) {
-      bf16_dot_rows(g, a.get(), ld, t0 * kDotTaskCols, std::min(g.n, t1 * kDotTaskCols));
-    });
+    parallel_for_streaming(
+        (g.n + kDotTaskCols - 1) / kDotTaskCols,
+        streaming_work(g.n * g.k * int64_t(sizeof(bf16)), g.m), [&](int64_t t0, int64_t t1) {
+          bf16_dot_rows(g, a.get(), ld, t0 * kDotTaskCols, std::min(g.n, t1 * kDotTaskCols));
+        });
     return;
   }
   const DF df;
@@ -321,12 +323,17 @@ bool GemmBf16Batched(const GemmBf16Params& p) {
   if (dot && p.w_pairs != nullptr && K % 32 == 0) {
     const size_t words = bf16_pairs_words(p.n, K);
     const int64_t tiles = (p.n + kPairCols - 1) / kPairCols;
-    kernel_pool().parallel_for(
-        p.batch * tiles, std::max<int64_t>(1, tiles / 4), [&](int64_t i0, int64_t i1) {
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t b = i / tiles, j0 = (i % tiles) * kPairCols;
+    // Tiles [i0, i1) of the call (every head's, one stream in order), a head's share in one kernel
+    // call: per tile the call setup cost as much as the tile's products at M = 1.
+    parallel_for_streaming(
+        p.batch * tiles, streaming_work(p.batch * p.n * K * int64_t(sizeof(bf16)), p.m),
+        [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1;) {
+            const int64_t b = i / tiles, e = std::min(i1, (b + 1) * tiles);
             bf16_pair_columns(problem(b), ab.get() + b * p.m * ld, ld,
-                              p.w_pairs + size_t(b) * words, j0, std::min(p.n, j0 + kPairCols));
+                              p.w_pairs + size_t(b) * words, (i % tiles) * kPairCols,
+                              std::min(p.n, (e - b * tiles) * kPairCols));
+            i = e;
           }
         });
     return true;

@@ -24,11 +24,24 @@ struct GemmArgs {
 constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) kernel
 
 // The pool dispatch of the weight-streaming GEMMs (decode layout, BF16-dot): fn(u0, u1) over work
-// units [0, units) in tapering chunks down to 1/32 of a thread's share. How fast a core streams
-// varies within a call (the VM's bandwidth, the other core's work), and with a few equal chunks a
-// thread the caller waited out about half a chunk at the end of each call: 2.5-3.5 ms of a 35 ms
-// batch-16 step (docs/performance.md §8).
-void parallel_for_streaming(int64_t units, const std::function<void(int64_t, int64_t)>& fn);
+// units [0, units) of a call worth `work` bytes (streaming_work: its weight bytes, scaled up for
+// rows past the first).
+// - From kPerThreadBelow up, tapering chunks down to 1/32 of a thread's share. How fast a core
+//   streams varies within a call (the VM's bandwidth, the other core's work), and with a few equal
+//   chunks a thread the caller waited out about half a chunk at the end of each call: 2.5-3.5 ms of
+//   a 35 ms batch-16 step (docs/performance.md §8).
+// - Below it, one contiguous range a thread: in a short call each further chunk cost more than the
+//   imbalance it saved (a chunk under four panels reads its weights as one stream, at about 0.6
+//   of four streams' speed): 12-35% a call from 0.5 to 8 MB at batch 1, 4-6% of the step (§8).
+constexpr int64_t kPerThreadBelow = int64_t(16) << 20;
+void parallel_for_streaming(int64_t units, int64_t work,
+                            const std::function<void(int64_t, int64_t)>& fn);
+// A call's work for parallel_for_streaming: weight bytes × (m + 2) / 3, the decode-layout kernel's
+// cost per panel (about ten decode instructions per 128 weight bytes and six per row), so M = 1
+// counts its bytes and a prefill-sized M, which computes for milliseconds, tapers.
+inline int64_t streaming_work(int64_t weight_bytes, int64_t m) {
+  return weight_bytes / 3 * (m + 2);
+}
 
 // Rows [r, r + rows) of an fp8 GEMM g as a GEMM of its own.
 inline GemmArgs fp8_row_slice(const GemmArgs& g, int64_t r, int64_t rows) {

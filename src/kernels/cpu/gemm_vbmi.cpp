@@ -36,10 +36,16 @@ namespace {
 bool batch_invariant_knob() { return knobs().batch_invariant; }
 }  // namespace
 
-void parallel_for_streaming(int64_t units, const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t threads = kernel_pool().num_threads();
-  kernel_pool().parallel_for(units, std::max<int64_t>(1, units / (32 * threads)), fn,
-                             ThreadPool::Schedule::tapering);
+void parallel_for_streaming(int64_t units, int64_t work,
+                            const std::function<void(int64_t, int64_t)>& fn) {
+  ThreadPool& pool = kernel_pool();
+  if (work < kPerThreadBelow) {
+    pool.parallel_for(units, 1, fn, ThreadPool::Schedule::per_thread);
+    return;
+  }
+  const int64_t threads = pool.num_threads();
+  pool.parallel_for(units, std::max<int64_t>(1, units / (32 * threads)), fn,
+                    ThreadPool::Schedule::tapering);
 }
 }  // namespace deepinfer::kernels::cpu
 
@@ -961,7 +967,9 @@ DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
     }
     release_tiles();
   };
-  parallel_for_streaming(start[count], body);
+  int64_t work = 0;
+  for (const GemmArgs& g : gs) work += streaming_work(int64_t(decode_layout_bytes(g.n, g.k)), g.m);
+  parallel_for_streaming(start[count], work, body);
 }
 
 DI_VBMI_TARGET void Run(const GemmArgs& g) {
