@@ -32,7 +32,8 @@ constexpr int64_t kSmallM = 8;  // up to this many rows: the streaming (decode) 
 //   a 35 ms batch-16 step (docs/performance.md §8).
 // - Below it, one contiguous range a thread: in a short call each further chunk cost more than the
 //   imbalance it saved (a chunk under four panels reads its weights as one stream, at about 0.6
-//   of four streams' speed): 12-35% a call from 0.5 to 8 MB at batch 1, 4-6% of the step (§8).
+//   of four streams' speed): at M = 1 a 0.5 MB call took a third less time, an 8 MB one a few
+//   percent less, a batch-1 step 4-6% less (§8, stop 43).
 constexpr int64_t kPerThreadBelow = int64_t(16) << 20;
 void parallel_for_streaming(int64_t units, int64_t work,
                             const std::function<void(int64_t, int64_t)>& fn);
