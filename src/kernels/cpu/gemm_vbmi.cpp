@@ -943,11 +943,12 @@ DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
   // holding a MoE layer's many-row experts ran last, and the other waited.
   first.assign(1, 0);
   act_at.clear();
-  int64_t elems = 0;
+  int64_t elems = 0, work = 0;
   for (const GemmArgs& g : gs) {
     first.push_back(first.back() + (g.n + kPanel - 1) / kPanel * panel_units(g.m));
     act_at.push_back(elems);
     elems += g.m * g.k;
+    work += streaming_work(int64_t(decode_layout_bytes(g.n, g.k)), g.m);
   }
   act.resize(size_t(elems));
   for (size_t i = 0; i < gs.size(); ++i) ActivationsBf16(gs[i], act.data() + act_at[size_t(i)]);
@@ -967,8 +968,6 @@ DI_BF16_TARGET void RunDecodeLayout(std::span<const GemmArgs> gs) {
     }
     release_tiles();
   };
-  int64_t work = 0;
-  for (const GemmArgs& g : gs) work += streaming_work(int64_t(decode_layout_bytes(g.n, g.k)), g.m);
   parallel_for_streaming(start[count], work, body);
 }
 

@@ -272,8 +272,8 @@ double BenchContext::read_gbps(size_t bytes) {
   for (const Walk& k : {Walk{2048, 1, 256}, Walk{8192, 1, 256}, Walk{2048, 4, 256},
                         Walk{1024, 4, 64}, Walk{2048, 4, 64}})
     gbps = std::max(gbps, pass_gbps(*this, bytes, 256, [&](size_t lo, size_t hi, int64_t c) {
-                      sinks[size_t(c) * 8] += HWY_DYNAMIC_DISPATCH(ReadLoop)(
-                          buf + lo, hi - lo, k.ahead, k.streams, k.grain);
+                      sinks[size_t(c) * 8] +=
+                          read_pass_sum(buf + lo, hi - lo, k.ahead, k.streams, k.grain);
                     }));
   read_cache[bytes] = gbps;
   return gbps;
