@@ -106,6 +106,24 @@ heads=$(grep -cE '^# head gemm_bf16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+\.[0-9]+ '
 [[ $rc -eq 0 && $floors -eq 2 && $heads -eq 2 ]] && ok=1 || ok=0
 report "--profile: floors on both ranks" $ok "exit $rc, $floors floor lines, $heads head rows"
 
+echo "--- bench decode --ab: two processes decode the same sequences, taking turns step by step"
+"$DEEPINFER" bench decode --model "$MODEL" --ab "$DEEPINFER" --batch 1,2 --reps 2 --decode-tokens 8 \
+  >"$LOGS/ab.out" 2>"$LOGS/ab.err"; rc=$?
+# The same binary on both sides: the same greedy tokens, 2 timed runs x 8 decode steps on each side.
+good=$(grep -cE '"ratio":[0-9]+\.[0-9]+.*"identical_tokens":1\.0.*"peer_steps":16\.0.*"steps":16\.0' "$LOGS/ab.out")
+[[ $rc -eq 0 && $good -eq 2 ]] && ok=1 || ok=0
+report "--ab: same binary, same tokens, every step timed" $ok "exit $rc, $good of 2 lines"
+# A peer whose final norm is perturbed in the timed run's second step (17 norms a step on the tiny
+# model): its tokens differ, and the line says so.
+"$DEEPINFER" bench decode --model "$MODEL" --ab "$DEEPINFER" --ab-env DEEPINFER_FAULT=kernel:rms_norm:186 \
+  --reps 1 --decode-tokens 8 >"$LOGS/ab_fault.out" 2>"$LOGS/ab_fault.err"; rc=$?
+[[ $rc -eq 0 ]] && grep -q '"identical_tokens":0\.0' "$LOGS/ab_fault.out" && ok=1 || ok=0
+report "--ab-env: a perturbed peer's tokens differ" $ok "exit $rc: $(grep -o '"identical_tokens":[0-9.]*' "$LOGS/ab_fault.out")"
+user_error "--ab /bin/false" nz 'bench decode --ab: /bin/false (is gone|exited before it finished)' \
+  "$DEEPINFER" bench decode --model "$MODEL" --ab /bin/false --reps 1 --decode-tokens 4
+user_error "--ab-env without =" 2 '--ab-env FOO: expected NAME=VALUE' \
+  "$DEEPINFER" bench decode --model "$MODEL" --ab "$DEEPINFER" --ab-env FOO
+
 echo "--- faults that cannot act at the world size"
 user_error "--fault a2av-hang --world 2" 2 '--fault a2av-hang acts only at world sizes >= 4, so at --world 2 the suite would pass' \
   "$DEEPINFER" check collectives --comm local --fault a2av-hang --world 2 --quick

@@ -29,9 +29,12 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "command.h"
@@ -43,6 +46,7 @@
 #include "model/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/launch.h"
+#include "step_turns.h"
 #include "synthetic_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,7 +70,28 @@ struct BenchDecodeCli {
   SpeculativeOptions speculative;
   HeadOption head;
   bool vs_ep1 = false;  // an EP 1 world of the same sequences, taking turns with this one
+  std::string ab;       // --ab BINARY: the peer that takes turns step by step
+  std::vector<std::string> ab_env;  // --ab-env NAME=VALUE: the peer's environment on top of ours
+  std::string ab_peer;              // --ab-peer R,W (hidden): this process is the peer
 };
+
+// The model folder and the name the JSON cases use; --model synthetic writes it first (once).
+std::pair<std::string, std::string> model_dir_and_name(const BenchDecodeCli& o) {
+  if (o.model != "synthetic") return {o.model, fs::path(o.model).filename().string()};
+  std::string dir = o.synthetic_dir, name = "synthetic-v3";
+  if (o.speculative.on()) {  // the same model plus an MTP module, in its own folder
+    dir += "-mtp";
+    name += "-mtp";
+  }
+  write_synthetic_model(dir, o.speculative.on());
+  return {dir, name};
+}
+
+// What every JSON case of the run starts with.
+std::string case_tag(const BenchDecodeCli& o, const std::string& name) {
+  return fmt::format("{} ep={} threads={}{}{}", name, o.ep, o.threads,
+                     o.quantize == "fp8" ? " quantize=fp8" : "", o.head.fp8() ? " head=fp8" : "");
+}
 
 // Multiply-adds per token of the linear layers a token runs (top-k experts), ×2 = flops.
 double linear_flops_per_token(const model::ModelConfig& c) {
@@ -213,25 +238,155 @@ double distinct_experts_per_step(const std::vector<runtime::RequestResult>& resu
   return total / double(steps);
 }
 
+// --ab BINARY: this process and a peer (BINARY with --ab-env on top of this environment) load the
+// same model and decode the same sequences at each batch, taking turns one engine step at a time in
+// ABBA order (step_turns.h). Per batch one line: each side's median decode-step time and their
+// ratio, the peer's over this one's (> 1: this binary is faster), and whether the greedy tokens are
+// the same. The peer runs this function too (--ab-peer), prints nothing and sends its figures back.
+int run_bench_decode_ab(const BenchDecodeCli& o) {
+  if (o.ep != 1 || o.vs_ep1 || o.speculative.on() || o.profile)
+    DI_USAGE(
+        "--ab takes turns with another binary at EP 1 decode only: drop --ep, --vs-ep1, "
+        "--speculative and --profile");
+  for (const std::string& e : o.ab_env)
+    if (e.find('=') == std::string::npos || e.find('=') == 0)
+      DI_USAGE("--ab-env {}: expected NAME=VALUE, e.g. DEEPINFER_BATCH_INVARIANT=off", e);
+  Knobs kn = knobs();
+  kn.threads = o.threads;
+  set_knobs(kn);
+  std::string dir, name;
+  std::tie(dir, name) = model_dir_and_name(o);  // before the peer starts: it reuses the folder
+  std::optional<StepTurns> turns;
+  if (o.ab_peer.empty()) {
+    std::string batches;
+    for (int64_t b : o.batch) batches += fmt::format("{}{}", batches.empty() ? "" : ",", b);
+    const std::vector<std::pair<std::string, std::string>> options = {
+        {"--model", o.model},
+        {"--synthetic-dir", o.synthetic_dir},
+        {"--threads", std::to_string(o.threads)},
+        {"--batch", batches},
+        {"--decode-tokens", std::to_string(o.decode_tokens)},
+        {"--reps", std::to_string(o.reps)},
+        {"--head", o.head.precision}};
+    std::vector<std::string> argv = {o.ab, "bench", "decode"};
+    for (const auto& [option, value] : options) argv.insert(argv.end(), {option, value});
+    if (!o.quantize.empty()) argv.insert(argv.end(), {"--quantize", o.quantize});
+    turns.emplace(StepTurns::spawn(argv, o.ab_env));
+  } else {
+    turns.emplace(StepTurns::attach(o.ab_peer));
+  }
+  kernels::testing::BenchContext ctx;
+  ctx.threads = o.threads;
+  struct PerBatch {
+    std::vector<double> step_s;   // each timed decode step's seconds, in order
+    std::vector<int32_t> tokens;  // the last run's, request by request
+  };
+  std::vector<PerBatch> mine(o.batch.size());
+  double flops_per_token = 0;
+  runtime::LaunchModelOptions lo;
+  lo.model_dir = dir;
+  lo.quantize_fp8 = o.quantize == "fp8";
+  lo.fp8_head = o.head.fp8();
+  runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
+    const int32_t V = int32_t(rc.weights->config.vocab_size);
+    flops_per_token = linear_flops_per_token(rc.weights->config);
+    const int64_t max_batch = *std::max_element(o.batch.begin(), o.batch.end());
+    runtime::EngineOptions eo;
+    eo.model = model::ModelOptions::from_knobs();
+    eo.max_tokens_per_step = std::max<int64_t>(256, max_batch * kDecodePrompt);
+    eo.max_batch = std::max<int64_t>(eo.max_batch, max_batch);
+    eo.kv_pages = max_batch * runtime::pages_needed(
+                                  decode_requests(1, kDecodePrompt, o.decode_tokens + 1, V, 0)[0]);
+    runtime::Engine engine(rc.weights, rc.group, eo);
+    for (size_t bi = 0; bi < o.batch.size(); ++bi) {
+      const int64_t B = o.batch[bi];
+      const auto reqs = rank_decode_requests(B, 1, 0, o.decode_tokens + 1, V);
+      for (int r = 0; r < o.reps + 1; ++r) {  // run 0 warms up
+        std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(B));
+        for (const auto& q : reqs) engine.start(q);
+        while (engine.num_active() > 0) {
+          // A decode step: every sequence has its first token (its prefill is done).
+          bool decoding = true;
+          for (const auto& t : tokens) decoding &= !t.empty();
+          turns->acquire();
+          const auto t0 = std::chrono::steady_clock::now();
+          const auto events = engine.step();
+          const auto t1 = std::chrono::steady_clock::now();
+          turns->release();
+          for (const auto& e : events)
+            if (e.token >= 0) tokens[size_t(e.id)].push_back(e.token);
+          if (r > 0 && decoding)
+            mine[bi].step_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+        }
+        if (r == o.reps) {
+          mine[bi].tokens.clear();
+          for (const auto& t : tokens)
+            mine[bi].tokens.insert(mine[bi].tokens.end(), t.begin(), t.end());
+        }
+      }
+    }
+  });
+  turns->finish();
+  if (!turns->is_a()) {
+    for (const PerBatch& p : mine) {
+      turns->send(p.step_s);
+      turns->send(p.tokens);
+    }
+    return 0;
+  }
+  std::vector<PerBatch> peer(o.batch.size());
+  for (PerBatch& p : peer) {
+    p.step_s = turns->receive<double>();
+    p.tokens = turns->receive<int32_t>();
+  }
+  turns->wait_peer();
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  std::string peer_env;
+  for (const std::string& e : o.ab_env) peer_env += " " + e;
+  for (size_t bi = 0; bi < o.batch.size(); ++bi) {
+    const int64_t B = o.batch[bi];
+    const PerBatch &a = mine[bi], &b = peer[bi];
+    // Step k of each side ran next to the other's (same sequences, same step count).
+    std::vector<double> pairs;
+    for (size_t k = 0; k < std::min(a.step_s.size(), b.step_s.size()); ++k)
+      pairs.push_back(b.step_s[k] / a.step_s[k]);
+    const double a_s = median(a.step_s), b_s = median(b.step_s);
+    kernels::testing::BenchRecord d;
+    d.bench = "decode";
+    d.case_name =
+        fmt::format("{} decode batch {} ab vs {}{}", case_tag(o, name), B, o.ab, peer_env);
+    d.seconds = a_s;
+    d.flops = double(B) * flops_per_token;
+    d.limit = "peer_step_seconds";
+    d.limit_value = b_s;
+    d.ratio = b_s / a_s;
+    d.extra = {{"steps", double(a.step_s.size())},
+               {"peer_steps", double(b.step_s.size())},
+               {"step_ms", 1e3 * a_s},
+               {"peer_step_ms", 1e3 * b_s},
+               {"ratio_pairs_median", median(pairs)},
+               {"tokens_per_s", double(B) / a_s},
+               {"peer_tokens_per_s", double(B) / b_s},
+               {"identical_tokens", a.tokens == b.tokens ? 1.0 : 0.0}};
+    ctx.emit(d);
+  }
+  return 0;
+}
+
 int run_bench_decode(BenchDecodeCli o) {
   if (o.vs_ep1 && o.ep < 2)
     DI_USAGE("--vs-ep1 compares EP N with EP 1: give --ep N with N >= 2 (got --ep {})", o.ep);
   if (o.vs_ep1 && o.speculative.on())
     DI_USAGE("--vs-ep1 and --speculative do not go together: run them as two commands");
+  if (!o.ab.empty() || !o.ab_peer.empty()) return run_bench_decode_ab(o);
   Knobs kn = knobs();
   kn.threads = o.threads;
   set_knobs(kn);
-  std::string dir = o.model;
-  std::string name = fs::path(o.model).filename().string();
-  if (o.model == "synthetic") {
-    dir = o.synthetic_dir;
-    name = "synthetic-v3";
-    if (o.speculative.on()) {  // the same model plus an MTP module, in its own folder
-      dir += "-mtp";
-      name += "-mtp";
-    }
-    write_synthetic_model(dir, o.speculative.on());
-  }
+  std::string dir, name;
+  std::tie(dir, name) = model_dir_and_name(o);
   ThreadPool pool(o.threads);
   kernels::testing::BenchContext ctx;
   ctx.threads = o.threads;
@@ -325,9 +480,7 @@ int run_bench_decode(BenchDecodeCli o) {
         else
           f();
       };
-      const std::string tag =
-          fmt::format("{} ep={} threads={}{}{}", name, o.ep, o.threads,
-                      lo.quantize_fp8 ? " quantize=fp8" : "", lo.fp8_head ? " head=fp8" : "");
+      const std::string tag = case_tag(o, name);
       in_turn([] {});  // --vs-ep1: the next turn waits for EP 1's world to load
       in_turn([&] {
         // Prefill: one prompt_tokens prompt per rank, one generated token; the first run warms up.
@@ -649,6 +802,17 @@ DEEPINFER_COMMAND(
           "same threads) in this process and decode the same sequences there (batch N·B), "
           "its timed runs alternating with the EP N ones; adds tokens_per_s_ep1 and "
           "ratio_vs_ep1 (EP N's tokens/s over all ranks ÷ EP 1's, the median of the pairs)");
+      app.add_option(
+          "--ab", o->ab,
+          "Another deepinfer binary (e.g. a build of another commit) that decodes the same "
+          "sequences taking turns with this one, one step each in ABBA order: per batch, each "
+          "side's median step time and ratio = the peer's over this one's (> 1: this binary is "
+          "faster), and whether the greedy tokens are identical. EP 1 only");
+      app.add_option("--ab-env", o->ab_env,
+                     "NAME=VALUE for the --ab peer's environment (e.g. "
+                     "DEEPINFER_BATCH_INVARIANT=off: A/B of a knob with one binary); repeatable")
+          ->needs("--ab");
+      app.add_option("--ab-peer", o->ab_peer)->group("");  // set by --ab for the peer
       o->speculative.add_to(app);
       o->head.add_to(app);
       return [o] { return run_bench_decode(*o); };
