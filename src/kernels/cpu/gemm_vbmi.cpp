@@ -517,6 +517,20 @@ inline int64_t pair_cols(int64_t n) { return (n + kPairCols - 1) / kPairCols * k
 // with all 16 A_l live, but a weight vector is loaded once for MM broadcast products instead of
 // once for each (two loads a product made the single-row walk 0.8-0.96x the rows kernel at K = 256
 // and M = 16, docs/performance.md §8).
+// A pairs row's 16 sums to out (bf16) or out_f32 at element `at`, the columns `keep` says.
+DI_BF16_TARGET inline void StorePairRow(const GemmArgs& g, int64_t at, __mmask16 keep, __m512 sum) {
+  if (g.out_f32) {
+    _mm512_mask_storeu_ps(g.out_f32 + at, keep, sum);
+    return;
+  }
+  // Words 0, 2, ..., 30 first: the low halves, where Bf16Bits leaves each lane's bf16.
+  const __m512i even =
+      _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
+                       24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  _mm512_mask_storeu_epi16(g.out + at, __mmask32(keep),
+                           _mm512_permutexvar_epi16(even, Bf16Bits(sum)));
+}
+
 template <int MM>
 DI_BF16_TARGET void Bf16PairRows(const GemmArgs& g, const uint16_t* a, int64_t lda,
                                  const uint32_t* wt, int64_t r0, int64_t jt, __mmask16 keep,
@@ -543,19 +557,34 @@ DI_BF16_TARGET void Bf16PairRows(const GemmArgs& g, const uint16_t* a, int64_t l
 #pragma GCC unroll 8
     for (int r = 0; r < MM; ++r) sum[r] = _mm512_add_ps(sum[r], acc[r]);
   }
-  // Words 0, 2, ..., 30 first: the low halves, where Bf16Bits leaves each lane's bf16.
-  const __m512i even =
-      _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
-                       24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
 #pragma GCC unroll 8
-  for (int r = 0; r < MM; ++r) {
-    const int64_t at = (r0 + r) * ldo + jt;
-    if (g.out_f32)
-      _mm512_mask_storeu_ps(g.out_f32 + at, keep, sum[r]);
-    else
-      _mm512_mask_storeu_epi16(g.out + at, __mmask32(keep),
-                               _mm512_permutexvar_epi16(even, Bf16Bits(sum[r])));
+  for (int r = 0; r < MM; ++r) StorePairRow(g, (r0 + r) * ldo + jt, keep, sum[r]);
+}
+
+// One row (decode): all 16 A_l live, so the tile is read in address order (pair 16c + l for c, then
+// l), one sequential stream, where the walk above strides 1 KiB through it per l, which streamed
+// the weights from DRAM far below the read pass (docs/performance.md §8, stop 44). Each A_l still
+// sums its pairs in c order and the sum adds A_0, A_1, ... in turn: the same bytes as
+// Bf16PairRows<1>.
+DI_BF16_TARGET void Bf16PairRow(const GemmArgs& g, const uint16_t* a, const uint32_t* wt,
+                                int64_t jt, __mmask16 keep, const char* pf) {
+  const int64_t groups = g.k / 32;
+  const uint32_t* ar = reinterpret_cast<const uint32_t*>(a);
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < groups; ++c) {
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) {
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(wt + kPairCols * (16 * c + l));
+      _mm_prefetch(pf + 64 * (16 * c + l), _MM_HINT_T0);
+      acc[l] = _mm512_dpbf16_ps(acc[l], (__m512bh)_mm512_set1_epi32(int(ar[16 * c + l])), w);
+    }
   }
+  __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int l = 0; l < 16; ++l) sum = _mm512_add_ps(sum, acc[l]);
+  StorePairRow(g, jt, keep, sum);
 }
 
 // Rows 0..m-1 of g, output columns [j0, j1) (j0 % 16 == 0) from pw, g's weight in the pairs
@@ -570,6 +599,10 @@ DI_BF16_TARGET void Bf16PairColumns(const GemmArgs& g, const uint16_t* a, int64_
     // prefetches kPrefetchAhead ahead: at decode the weights come from DRAM, and without it the
     // kernel waited on each tile's lines (8 KiB was best of 0 to 16 KiB, out of cache).
     const char* pf = reinterpret_cast<const char*>(wt) + kPrefetchAhead;
+    if (g.m == 1) {
+      Bf16PairRow(g, a, wt, jt, keep, pf);
+      continue;
+    }
     for (int64_t r0 = 0; r0 < g.m; r0 += kSmallM)  // they stay in L1 for every row
       with_rows(std::min(kSmallM, g.m - r0), [&]<int MM>() {
         Bf16PairRows<MM>(g, a, lda, wt, r0, jt, keep, r0 == 0 ? pf : nullptr);
