@@ -89,6 +89,7 @@ struct ThreadPool::Impl {
   // Lock-free mirrors of generation / stop for the spin phase (written under mutex).
   std::atomic<uint64_t> generation_pub{0};
   std::atomic<bool> stop_pub{false};
+  std::atomic<int> asleep{0};  // workers waiting on work_cv (wait_until_asleep)
 
   // The job: a caller waits for its chunks, not for the workers. A worker that wakes after the
   // caller (and the workers awake) ran every chunk finds none to claim and goes back to waiting;
@@ -154,7 +155,9 @@ struct ThreadPool::Impl {
       });
       {
         std::unique_lock lock(mutex);
+        asleep.fetch_add(1, std::memory_order_relaxed);
         work_cv.wait(lock, [&] { return stop || generation != seen; });
+        asleep.fetch_sub(1, std::memory_order_relaxed);
         if (stop) return;
         seen = generation;
       }
@@ -256,6 +259,16 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
                         std::chrono::steady_clock::now() - wait_from)
                         .count();
   if (error) std::rethrow_exception(error);
+}
+
+bool ThreadPool::wait_until_asleep(int64_t timeout_us) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(timeout_us);
+  const int workers = int(impl_->workers.size());
+  while (impl_->asleep.load(std::memory_order_relaxed) < workers) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return true;
 }
 
 ThreadPool* scoped_pool() { return t_scoped; }

@@ -26,6 +26,10 @@ class ThreadPool {
   // and returns when all are done. The calling thread takes part. Exceptions propagate.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
                     Schedule schedule = Schedule::even);
+  // Returns once every worker sleeps (idle workers poll a while before sleeping), or after
+  // `timeout_us`: for a benchmark that hands the CPUs to another process and must not leave this
+  // pool's polling on them (bench decode --ab). True if they all sleep.
+  bool wait_until_asleep(int64_t timeout_us = 1000000);
 
  private:
   void shutdown();  // stops and joins the workers, frees impl_

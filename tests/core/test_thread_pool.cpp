@@ -144,6 +144,22 @@ TEST(ThreadPool, WorkersReallyParticipate) {
   EXPECT_GE(ids.size(), 2u);
 }
 
+// Workers poll after a call, then sleep: wait_until_asleep sees them all asleep, and the next call
+// wakes them (bench decode --ab hands the CPUs to another process in between).
+TEST(ThreadPool, WaitUntilAsleepSeesEveryWorkerSleepAndTheyWakeAgain) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> sum{0};
+  for (int round = 0; round < 3; ++round) {
+    pool.parallel_for(3000, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sum += i;
+    });
+    EXPECT_TRUE(pool.wait_until_asleep(10'000'000)) << "round " << round;
+  }
+  EXPECT_EQ(sum.load(), 3 * (2999 * 3000 / 2));
+  ThreadPool alone(1);  // no workers: asleep at once
+  EXPECT_TRUE(alone.wait_until_asleep(0));
+}
+
 TEST(ThreadPool, ExceptionPropagatesAndPoolStaysUsable) {
   ThreadPool pool(4);
   for (int rep = 0; rep < 20; ++rep) {

@@ -312,7 +312,9 @@ int run_bench_decode_ab(const BenchDecodeCli& o) {
           const auto t0 = std::chrono::steady_clock::now();
           const auto events = engine.step();
           const auto t1 = std::chrono::steady_clock::now();
-          turns->release();
+          // The pool's workers poll for a while after a call before they sleep: polling during
+          // the peer's step would slow it (two processes, one set of CPUs).
+          turns->release([] { kernels::kernel_pool().wait_until_asleep(); });
           for (const auto& e : events)
             if (e.token >= 0) tokens[size_t(e.id)].push_back(e.token);
           if (r > 0 && decoding)

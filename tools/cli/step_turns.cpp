@@ -151,9 +151,11 @@ void StepTurns::acquire() {
   }
 }
 
-void StepTurns::release() {
+void StepTurns::release(const std::function<void()>& before_handover) {
   ++slot_;
-  if (!holding()) write_all(&slot_, sizeof slot_);
+  if (holding()) return;
+  if (before_handover) before_handover();
+  write_all(&slot_, sizeof slot_);
 }
 
 void StepTurns::finish() {

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,10 @@ class StepTurns {
   bool is_a() const { return me_ == 0; }
   // Blocks until this process may run its next slot (the peer handed the turn over or is done).
   void acquire();
-  // This process ran its slot: the turn goes to the peer where the ABBA order says.
-  void release();
+  // This process ran its slot: the turn goes to the peer where the ABBA order says, after
+  // `before_handover` (e.g. letting this process's idle threads fall asleep, so their polling
+  // does not take CPU time from the peer's step).
+  void release(const std::function<void()>& before_handover = {});
   // This process has no more slots: the peer runs the rest alone. Call once, between slots.
   void finish();
   // After both finished: B sends, A receives (length-prefixed; T trivially copyable).

@@ -340,40 +340,55 @@ DEEPINFER_KERNEL_BENCH(gemm_bf16_head) {
   const double compute_peak = amx   ? ctx.amx_peak_gflops()
                               : dot ? ctx.bf16_dot_peak_gflops()
                                     : ctx.fma_peak_gflops();
-  ScopedBackend use(KernelBackend::cpu);
-  for (int64_t m : ctx.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 2, 4, 16}) {
-    const auto a = random_bf16(m * k, uint64_t(m), -2.0f, 2.0f);
-    std::vector<float> out(size_t(m * n));
-    size_t next = 0;
-    auto call = [&] {
-      gemm_bf16({.a = a.data(),
-                 .w = reinterpret_cast<const bf16*>(ws[next++ % ws.size()].get()),
-                 .out_f32 = out.data(),
-                 .m = m,
-                 .n = n,
-                 .k = k});
-    };
-    for (int i = 0; i < 3; ++i) call();
-    const double s = ctx.time(call, 7, 0.3);
-    next = 0;
-    call();
-    const int64_t nc = 512;
-    std::vector<float> ref(size_t(m * nc)), got(size_t(m * nc));
-    host::gemm_bf16({.a = a.data(),
-                     .w = reinterpret_cast<const bf16*>(ws[0].get()),
-                     .out_f32 = ref.data(),
-                     .m = m,
-                     .n = nc,
-                     .k = k});
-    for (int64_t r = 0; r < m; ++r)
-      std::memcpy(got.data() + r * nc, out.data() + r * n, size_t(nc) * 4);
-    const CaseResult c =
-        compare_buffers("out", DType::f32, got.data(), ref.data(), m * nc, {.rel_l2 = 1e-5});
-    failures += c.pass ? 0 : 1;
-    BenchRecord r = streaming_record("gemm_bf16_head", m, n, k, s, wbytes, limit, compute_peak, c);
-    r.extra.insert({{"amx", amx ? 1.0 : 0.0}, {"weight_copies", double(copies)}});
-    ctx.emit(r);
+  // Each copy in the pairs layout too (a lane per output column), where the CPU has BF16 dots.
+  const size_t words = dot ? bf16_pairs_words(n, k) : 0;
+  std::vector<std::shared_ptr<std::byte>> pairs;
+  for (int64_t c = 0; c < (words ? copies : 0); ++c) {
+    pairs.push_back(deepinfer::detail::weight_alloc(words * 4));
+    pack_bf16_pairs(reinterpret_cast<const bf16*>(ws[size_t(c)].get()), n, k,
+                    reinterpret_cast<uint32_t*>(pairs.back().get()));
   }
+  ScopedBackend use(KernelBackend::cpu);
+  for (int64_t m : ctx.quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 2, 4, 16})
+    for (const bool with_pairs : {false, true}) {
+      if (with_pairs && pairs.empty()) continue;
+      const auto a = random_bf16(m * k, uint64_t(m), -2.0f, 2.0f);
+      std::vector<float> out(size_t(m * n));
+      size_t next = 0;
+      auto call = [&] {
+        const size_t i = next++ % ws.size();
+        gemm_bf16(
+            {.a = a.data(),
+             .w = reinterpret_cast<const bf16*>(ws[i].get()),
+             .out_f32 = out.data(),
+             .m = m,
+             .n = n,
+             .k = k,
+             .w_pairs = with_pairs ? reinterpret_cast<const uint32_t*>(pairs[i].get()) : nullptr});
+      };
+      for (int i = 0; i < 3; ++i) call();
+      const double s = ctx.time(call, 7, 0.3);
+      next = 0;
+      call();
+      const int64_t nc = 512;
+      std::vector<float> ref(size_t(m * nc)), got(size_t(m * nc));
+      host::gemm_bf16({.a = a.data(),
+                       .w = reinterpret_cast<const bf16*>(ws[0].get()),
+                       .out_f32 = ref.data(),
+                       .m = m,
+                       .n = nc,
+                       .k = k});
+      for (int64_t r = 0; r < m; ++r)
+        std::memcpy(got.data() + r * nc, out.data() + r * n, size_t(nc) * 4);
+      const CaseResult c =
+          compare_buffers("out", DType::f32, got.data(), ref.data(), m * nc, {.rel_l2 = 1e-5});
+      failures += c.pass ? 0 : 1;
+      BenchRecord r =
+          streaming_record("gemm_bf16_head", m, n, k, s, wbytes, limit, compute_peak, c);
+      if (with_pairs) r.case_name += " pairs";
+      r.extra.insert({{"amx", amx ? 1.0 : 0.0}, {"weight_copies", double(copies)}});
+      ctx.emit(r);
+    }
   return failures;
 }
 
