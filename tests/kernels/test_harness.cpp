@@ -147,15 +147,16 @@ TEST(Harness, InjectedFaultFailsTheGemmCase) {
 TEST(Harness, ReadPassReadsEveryWordOnce) {
   for (const size_t n : {size_t(256), size_t(64) << 10, (size_t(64) << 10) + 768})
     for (const size_t streams : {size_t(1), size_t(2), size_t(4)})
-      for (const size_t grain : {size_t(64), size_t(256)}) {
-        std::vector<uint64_t> words(n / 8);
-        uint64_t want = 0;
-        for (size_t i = 0; i < words.size(); ++i) want += words[i] = i * 2654435761u + 7;
-        EXPECT_EQ(
-            read_pass_sum(reinterpret_cast<const uint8_t*>(words.data()), n, 2048, streams, grain),
-            want)
-            << "n=" << n << " streams=" << streams << " grain=" << grain;
-      }
+      for (const size_t grain : {size_t(64), size_t(256)})
+        for (const bool to_l2 : {false, true}) {
+          std::vector<uint64_t> words(n / 8);
+          uint64_t want = 0;
+          for (size_t i = 0; i < words.size(); ++i) want += words[i] = i * 2654435761u + 7;
+          EXPECT_EQ(read_pass_sum(reinterpret_cast<const uint8_t*>(words.data()), n, 2048, streams,
+                                  grain, to_l2),
+                    want)
+              << "n=" << n << " streams=" << streams << " grain=" << grain << " to_l2=" << to_l2;
+        }
 }
 
 }  // namespace

@@ -243,6 +243,10 @@ DI_VBMI_TARGET void Range(const GemmArgs& g, const __m512* act, int64_t j0, int6
 // A prefetch past the end of the layout is harmless: prefetches never fault. Several streams
 // (PanelGroup, Bf16DotRowStreams) and the pairs kernel share this distance.
 constexpr int64_t kPrefetchAhead = 8192;
+// Those prefetches fill L2, not L1 (T1): on the AMD EPYC VM, T0 held batch-1 decode a quarter
+// slower and batch 16 a seventh. The lines wait in L1's few miss buffers and evict what the kernel
+// is using (docs/performance.md §8, stop 44); L2 tracks more misses at once and has the room.
+constexpr _mm_hint kStreamHint = _MM_HINT_T1;
 // The AMX kernel keeps the distance it was measured with (2 KiB): no AMX CPU to measure it again.
 constexpr int64_t kAmxPrefetchAhead = 2048;
 
@@ -295,7 +299,7 @@ DI_BF16_TARGET void Bf16DotSteps(__m512* keep, const uint16_t* w, int64_t K, con
     if (pf)
 #pragma GCC unroll 8
       for (int n = 0; n < NC; ++n)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + 32 * (p0 + c - c0)), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + 32 * (p0 + c - c0)), kStreamHint);
     Bf16DotStep<MM, NC>(acc, w, K, a, lda, c, __mmask32(~0u));
   }
   if (c1 > full) Bf16DotStep<MM, NC>(acc, w, K, a, lda, full, __mmask32((1u << (K % 32)) - 1));
@@ -413,7 +417,7 @@ DI_BF16_TARGET void Bf16DotRowStreams(const GemmArgs& g, const uint16_t* a, int6
       const __m512bh av = (__m512bh)_mm512_loadu_si512(a + 32 * c);
 #pragma GCC unroll 8
       for (int t = 0; t < S; ++t) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[t] + 32 * c + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wr[t] + 32 * c + ahead), kStreamHint);
         acc[t] = _mm512_dpbf16_ps(acc[t], av, (__m512bh)_mm512_loadu_si512(wr[t] + 32 * c));
       }
     }
@@ -549,7 +553,7 @@ DI_BF16_TARGET void Bf16PairRows(const GemmArgs& g, const uint16_t* a, int64_t l
     for (int64_t c = 0; c < groups; ++c) {
       // Pair 16c + l of the tile's kPairCols columns.
       const __m512bh w = (__m512bh)_mm512_loadu_si512(wt + kPairCols * (16 * c + l));
-      if (pf) _mm_prefetch(pf + 64 * (16 * c + l), _MM_HINT_T0);
+      if (pf) _mm_prefetch(pf + 64 * (16 * c + l), kStreamHint);
 #pragma GCC unroll 8
       for (int r = 0; r < MM; ++r)
         acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(int(ar[r][16 * c + l])), w);
@@ -577,7 +581,7 @@ DI_BF16_TARGET void Bf16PairRow(const GemmArgs& g, const uint16_t* a, const uint
 #pragma GCC unroll 16
     for (int l = 0; l < 16; ++l) {
       const __m512bh w = (__m512bh)_mm512_loadu_si512(wt + kPairCols * (16 * c + l));
-      _mm_prefetch(pf + 64 * (16 * c + l), _MM_HINT_T0);
+      _mm_prefetch(pf + 64 * (16 * c + l), kStreamHint);
       acc[l] = _mm512_dpbf16_ps(acc[l], (__m512bh)_mm512_set1_epi32(int(ar[16 * c + l])), w);
     }
   }
@@ -656,8 +660,8 @@ DI_BF16_TARGET inline void PanelGroup(const GemmArgs& g, const uint16_t* act,
     for (int64_t c = 0; c < 32; ++c) {
 #pragma GCC unroll 4
       for (int s = 0; s < S; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[s] + kPrefetchAhead / S), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w[s] + kPrefetchAhead / S + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w[s] + kPrefetchAhead / S), kStreamHint);
+        _mm_prefetch(reinterpret_cast<const char*>(w[s] + kPrefetchAhead / S + 64), kStreamHint);
         __m512i x0, x1, y0, y1;
         dec.decode_bf16(w[s], x0, x1);
         dec.decode_bf16(w[s] + 64, y0, y1);

@@ -47,9 +47,11 @@ double FmaLoop(int64_t iters, float* sink) {
 }
 
 // Reads [p, p + n) once (n a multiple of 256) as `streams` equal sequential parts walked side by
-// side, `grain` bytes (64 or 256) of each in turn, prefetching `ahead` bytes ahead in each; returns
-// a sum of the words so the loads cannot be optimised away. The read-only pass behind read_gbps.
-uint64_t ReadLoop(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain) {
+// side, `grain` bytes (64 or 256) of each in turn, prefetching `ahead` bytes ahead in each (into L2
+// where `to_l2`, else L1); returns a sum of the words so the loads cannot be optimised away. The
+// read-only pass behind read_gbps.
+uint64_t ReadLoop(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain,
+                  bool to_l2) {
   const hn::ScalableTag<uint64_t> d;
   const size_t N = hn::Lanes(d);
   const size_t part = n / 256 / streams * 256, step = grain / sizeof(uint64_t);
@@ -59,8 +61,13 @@ uint64_t ReadLoop(const uint8_t* p, size_t n, size_t ahead, size_t streams, size
       const auto* w = reinterpret_cast<const uint64_t*>(p + q * part + at);
       // The pass must measure the best read rate a kernel can reach, not the hardware
       // prefetcher's alone: the weight-streaming GEMMs prefetch in software too.
-      for (size_t l = 0; l < grain; l += 64)
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(w) + ahead + l);
+      for (size_t l = 0; l < grain; l += 64) {
+        const uint8_t* line = reinterpret_cast<const uint8_t*>(w) + ahead + l;
+        if (to_l2)
+          __builtin_prefetch(line, 0, 2);  // prefetcht1, as the GEMMs' weight streams
+        else
+          hwy::Prefetch(line);
+      }
       // Four independent adds where the grain holds four vectors, one chain otherwise.
       for (size_t v = 0; v + 4 * N <= step; v += 4 * N) {
         s0 = hn::Add(s0, hn::LoadU(d, w + v));
@@ -102,8 +109,9 @@ namespace deepinfer::kernels::testing {
 HWY_EXPORT(FmaLoop);
 HWY_EXPORT(ReadLoop);
 
-uint64_t read_pass_sum(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain) {
-  return HWY_DYNAMIC_DISPATCH(ReadLoop)(p, n, ahead, streams, grain);
+uint64_t read_pass_sum(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain,
+                       bool to_l2) {
+  return HWY_DYNAMIC_DISPATCH(ReadLoop)(p, n, ahead, streams, grain, to_l2);
 }
 
 namespace {
@@ -264,17 +272,19 @@ double BenchContext::read_gbps(size_t bytes) {
   // The fastest of one sequential stream a chunk, prefetching 2 KiB ahead (best for one stream
   // here) or 8 KiB (what the decode-layout GEMM does), and four streams side by side, as the
   // decode-layout GEMM walks its panels and the M = 1 BF16 kernel its rows (on the EPYC VM
-  // 1.3-1.5x one stream, and 64 bytes of each in turn 1.1-1.3x 256: docs/performance.md §8).
+  // 1.3-1.5x one stream, and 64 bytes of each in turn 1.1-1.3x 256: docs/performance.md §8);
+  // each prefetching into L1 and into L2, which the GEMMs do (§8, stop 44).
   struct Walk {
     size_t ahead, streams, grain;
   };
   double gbps = 0;
-  for (const Walk& k : {Walk{2048, 1, 256}, Walk{8192, 1, 256}, Walk{2048, 4, 256},
-                        Walk{1024, 4, 64}, Walk{2048, 4, 64}})
-    gbps = std::max(gbps, pass_gbps(*this, bytes, 256, [&](size_t lo, size_t hi, int64_t c) {
-                      sinks[size_t(c) * 8] +=
-                          read_pass_sum(buf + lo, hi - lo, k.ahead, k.streams, k.grain);
-                    }));
+  for (const bool to_l2 : {false, true})
+    for (const Walk& k : {Walk{2048, 1, 256}, Walk{8192, 1, 256}, Walk{2048, 4, 256},
+                          Walk{1024, 4, 64}, Walk{2048, 4, 64}})
+      gbps = std::max(gbps, pass_gbps(*this, bytes, 256, [&](size_t lo, size_t hi, int64_t c) {
+                        sinks[size_t(c) * 8] +=
+                            read_pass_sum(buf + lo, hi - lo, k.ahead, k.streams, k.grain, to_l2);
+                      }));
   read_cache[bytes] = gbps;
   return gbps;
 }

@@ -35,9 +35,10 @@ struct BenchRecord {
 // The read pass behind every weight-streaming limit: large enough that no cache holds it.
 inline constexpr size_t kReadPassBytes = size_t(1) << 30;
 // What the read pass's loop reads over [p, p + n) (n a multiple of 256), as `streams` parts side
-// by side, `grain` bytes (64 or 256) of each in turn, prefetched `ahead` bytes ahead: the sum of
-// its 64-bit words (tests check it covers every byte once).
-uint64_t read_pass_sum(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain);
+// by side, `grain` bytes (64 or 256) of each in turn, prefetched `ahead` bytes ahead (into L2 where
+// `to_l2`, else L1): the sum of its 64-bit words (tests check it covers every byte once).
+uint64_t read_pass_sum(const uint8_t* p, size_t n, size_t ahead, size_t streams, size_t grain,
+                       bool to_l2 = false);
 // Bytes that a rotation over copies of a kernel's inputs must exceed so that each call finds
 // them in DRAM, not in a cache an earlier call warmed: twice the last-level cache the OS reports
 // (a 2-vCPU VM here reports 480 MiB of L3 and reads 64 MiB at 1.7× its 1 GiB rate), at least 64
