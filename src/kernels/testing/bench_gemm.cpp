@@ -9,7 +9,8 @@
 //    GB/s of the experts the batch touches vs the read pass, and the roofline with the compute
 //    peak.
 //  - gemm_bf16_head (M = 1, 2, 4, 16): the BF16 LM head from DRAM vs the read pass and the peak of
-//    the tile product it runs.
+//    the tile product it runs; where the CPU has BF16 dots, also with the weight in the pairs
+//    layout (the per-head GEMMs' kernel), which the runtime does not use for the head.
 //  - gemm_bf16_heads (M = 1, 16): the absorbed attention's per-head GEMMs, 16 heads in one call
 //    (K = 64 to the latent, K = 256 back), cache-resident, vs the peak of the instruction they run,
 //    with the weights in the pairs layout as the runtime runs them, and the speedup over without.
