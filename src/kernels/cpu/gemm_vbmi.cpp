@@ -516,11 +516,6 @@ DI_VBMI_TARGET inline __m512i Bf16Bits(__m512 v) {
 // same bytes, with the sums vertical.
 inline int64_t pair_cols(int64_t n) { return (n + kPairCols - 1) / kPairCols * kPairCols; }
 
-// Up to 8 rows at once share each weight load: for l = 0..15, the rows' A_l (their K pairs 16c + l
-// over c, in order) and then sum += A_l. The same operations in the same order as one row at a time
-// with all 16 A_l live, but a weight vector is loaded once for MM broadcast products instead of
-// once for each (two loads a product made the single-row walk 0.8-0.96x the rows kernel at K = 256
-// and M = 16, docs/performance.md §8).
 // A pairs row's 16 sums to out (bf16) or out_f32 at element `at`, the columns `keep` says.
 DI_BF16_TARGET inline void StorePairRow(const GemmArgs& g, int64_t at, __mmask16 keep, __m512 sum) {
   if (g.out_f32) {
@@ -535,6 +530,11 @@ DI_BF16_TARGET inline void StorePairRow(const GemmArgs& g, int64_t at, __mmask16
                            _mm512_permutexvar_epi16(even, Bf16Bits(sum)));
 }
 
+// Up to 8 rows at once share each weight load: for l = 0..15, the rows' A_l (their K pairs 16c + l
+// over c, in order) and then sum += A_l. The same operations in the same order as one row at a time
+// with all 16 A_l live, but a weight vector is loaded once for MM broadcast products instead of
+// once for each (two loads a product made the single-row walk 0.8-0.96x the rows kernel at K = 256
+// and M = 16, docs/performance.md §8).
 template <int MM>
 DI_BF16_TARGET void Bf16PairRows(const GemmArgs& g, const uint16_t* a, int64_t lda,
                                  const uint32_t* wt, int64_t r0, int64_t jt, __mmask16 keep,
