@@ -143,6 +143,20 @@ std::vector<runtime::Request> rank_decode_requests(int64_t B, int ranks, int ran
   return rs;
 }
 
+// An engine for `batch` sequences whose longest prompt is `prompt_len` tokens, each generating
+// decode_tokens + 1: prefill chunks of at least 256 tokens, and KV pages for all of them at once.
+runtime::EngineOptions decode_engine_options(int64_t batch, int64_t prompt_len,
+                                             int64_t decode_tokens, int32_t vocab) {
+  runtime::EngineOptions eo;
+  eo.model = model::ModelOptions::from_knobs();
+  eo.max_tokens_per_step = std::max<int64_t>({256, prompt_len, batch * kDecodePrompt});
+  eo.max_batch = std::max<int64_t>(eo.max_batch, batch);
+  eo.kv_pages =
+      batch * runtime::pages_needed(decode_requests(1, std::max(prompt_len, kDecodePrompt),
+                                                    decode_tokens + 1, vocab, 0)[0]);
+  return eo;
+}
+
 // Each result's generated tokens, padded with -1 to `width` (a stop token may end one early).
 std::vector<int32_t> padded_tokens(const std::vector<runtime::RequestResult>& results,
                                    int64_t width) {
@@ -291,13 +305,8 @@ int run_bench_decode_ab(const BenchDecodeCli& o) {
     const int32_t V = int32_t(rc.weights->config.vocab_size);
     flops_per_token = linear_flops_per_token(rc.weights->config);
     const int64_t max_batch = *std::max_element(o.batch.begin(), o.batch.end());
-    runtime::EngineOptions eo;
-    eo.model = model::ModelOptions::from_knobs();
-    eo.max_tokens_per_step = std::max<int64_t>(256, max_batch * kDecodePrompt);
-    eo.max_batch = std::max<int64_t>(eo.max_batch, max_batch);
-    eo.kv_pages = max_batch * runtime::pages_needed(
-                                  decode_requests(1, kDecodePrompt, o.decode_tokens + 1, V, 0)[0]);
-    runtime::Engine engine(rc.weights, rc.group, eo);
+    runtime::Engine engine(rc.weights, rc.group,
+                           decode_engine_options(max_batch, kDecodePrompt, o.decode_tokens, V));
     for (size_t bi = 0; bi < o.batch.size(); ++bi) {
       const int64_t B = o.batch[bi];
       const auto reqs = rank_decode_requests(B, 1, 0, o.decode_tokens + 1, V);
@@ -415,13 +424,6 @@ int run_bench_decode(BenchDecodeCli o) {
   std::unique_ptr<Turns> turns;
   std::vector<std::vector<double>> ep1_tok_s(o.batch.size());
   std::vector<std::vector<int32_t>> ep1_tokens(o.batch.size());  // its last run's, padded
-  auto engine_options = [&](int64_t batch) {
-    runtime::EngineOptions eo;
-    eo.model = model::ModelOptions::from_knobs();
-    eo.max_tokens_per_step = std::max<int64_t>({256, o.prompt_tokens, batch * kDecodePrompt});
-    eo.max_batch = std::max<int64_t>(eo.max_batch, batch);
-    return eo;
-  };
   std::thread ep1_thread;
   std::exception_ptr ep1_error;
   if (o.vs_ep1) {
@@ -435,11 +437,10 @@ int run_bench_decode(BenchDecodeCli o) {
       try {
         runtime::run_model_ranks(lo1, [&](runtime::RankContext& rc) {
           const int32_t V = int32_t(rc.weights->config.vocab_size);
-          runtime::EngineOptions eo = engine_options(max_batch * o.ep);
-          eo.kv_pages = max_batch * o.ep *
-                        runtime::pages_needed(
-                            decode_requests(1, kDecodePrompt, o.decode_tokens + 1, V, 0)[0]);
-          runtime::Engine engine(rc.weights, rc.group, eo);
+          // Only the decode batches: no prompt_tokens prefill in this world.
+          runtime::Engine engine(
+              rc.weights, rc.group,
+              decode_engine_options(max_batch * o.ep, kDecodePrompt, o.decode_tokens, V));
           int64_t k = 0;
           turns->take(1, k, [] {});  // loaded: world 0 may start timing
           turns->take(1, k, [] {});
@@ -466,12 +467,10 @@ int run_bench_decode(BenchDecodeCli o) {
   }
   try {
     runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
-      runtime::EngineOptions eo = engine_options(max_batch);
       const auto& cfg = rc.weights->config;
       const int32_t V = int32_t(cfg.vocab_size);
-      eo.kv_pages = max_batch *
-                    runtime::pages_needed(decode_requests(
-                        1, std::max(o.prompt_tokens, kDecodePrompt), o.decode_tokens + 1, V, 0)[0]);
+      const runtime::EngineOptions eo =
+          decode_engine_options(max_batch, o.prompt_tokens, o.decode_tokens, V);
       runtime::Engine engine(rc.weights, rc.group, eo);
       const bool lead = rc.group.rank() == 0;
       // This rank's turns (--vs-ep1); without it f just runs.
