@@ -119,6 +119,13 @@ report "--ab: same binary, same tokens, every step timed" $ok "exit $rc, $good o
   --reps 1 --decode-tokens 8 >"$LOGS/ab_fault.out" 2>"$LOGS/ab_fault.err"; rc=$?
 [[ $rc -eq 0 ]] && grep -q '"identical_tokens":0\.0' "$LOGS/ab_fault.out" && ok=1 || ok=0
 report "--ab-env: a perturbed peer's tokens differ" $ok "exit $rc: $(grep -o '"identical_tokens":[0-9.]*' "$LOGS/ab_fault.out")"
+# At EP 2 (two local ranks a side), against a peer whose shared experts run replicated: the same
+# tokens (docs/ep.md §14), every step of both sides timed.
+"$DEEPINFER" bench decode --model "$MODEL" --ep 2 --ab "$DEEPINFER" --ab-env DEEPINFER_EP_SHARED=replicated \
+  --reps 2 --decode-tokens 8 >"$LOGS/ab_ep2.out" 2>"$LOGS/ab_ep2.err"; rc=$?
+good=$(grep -cE 'ep=2 .*"identical_tokens":1\.0.*"peer_steps":16\.0.*"steps":16\.0' "$LOGS/ab_ep2.out")
+[[ $rc -eq 0 && $good -eq 1 ]] && ok=1 || ok=0
+report "--ab --ep 2: ranks take turns together, same tokens" $ok "exit $rc, $good of 1 line"
 user_error "--ab /bin/false" nz 'bench decode --ab: /bin/false (is gone|exited before it finished)' \
   "$DEEPINFER" bench decode --model "$MODEL" --ab /bin/false --reps 1 --decode-tokens 4
 user_error "--ab-env without =" 2 '--ab-env FOO: expected NAME=VALUE' \

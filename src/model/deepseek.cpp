@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <span>
 #include <utility>
 
@@ -108,8 +109,9 @@ struct DeepseekModel::Impl {
   std::unique_ptr<EngramBuffer> engram_buf;
   std::vector<EngramFetch> eg_fetch;
   int64_t hc = 1;  // mHC branches
-  Scratch<fp8_e4m3> xq, tq;
-  Scratch<float> xs, ts, router_logits, topk_w, margins;
+  Scratch<fp8_e4m3> xq, tq, shared_q;
+  Scratch<float> xs, ts, router_logits, topk_w, margins, shared_s;
+  std::vector<int64_t> shared_rows;  // rows per rank where one rank runs the shared expert
   Scratch<int64_t> topk_idx, positions;
 
   Impl(std::shared_ptr<const ModelWeights> weights, Group& g, const ModelOptions& o)
@@ -584,15 +586,28 @@ struct DeepseekModel::Impl {
   }
 
   // Rows of fp8 codes [rows, n] and their 1×128 scales [rows, num_blocks(n)] packed as one byte
-  // row each (codes, then scales), so one collective moves both.
+  // row each (codes, then scales), so one collective moves both; rb: the row stride (0: just
+  // those bytes).
   static size_t packed_row_bytes(int64_t n) {
     return size_t(n) + size_t(k::num_blocks(n)) * sizeof(float);
   }
-  static void pack_rows(const fp8_e4m3* q, const float* s, int64_t rows, int64_t n, uint8_t* out) {
-    const size_t rb = packed_row_bytes(n), nb = size_t(k::num_blocks(n));
+  static void pack_rows(const fp8_e4m3* q, const float* s, int64_t rows, int64_t n, uint8_t* out,
+                        size_t rb = 0) {
+    const size_t nb = size_t(k::num_blocks(n));
+    if (rb == 0) rb = packed_row_bytes(n);
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(out + size_t(r) * rb, q + r * n, size_t(n));
       std::memcpy(out + size_t(r) * rb + size_t(n), s + size_t(r) * nb, nb * sizeof(float));
+    }
+  }
+  // pack_rows's inverse.
+  static void unpack_rows(const uint8_t* in, int64_t rows, int64_t n, fp8_e4m3* q, float* s,
+                          size_t rb = 0) {
+    const size_t nb = size_t(k::num_blocks(n));
+    if (rb == 0) rb = packed_row_bytes(n);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(q + r * n, in + size_t(r) * rb, size_t(n));
+      std::memcpy(s + size_t(r) * nb, in + size_t(r) * rb + size_t(n), nb * sizeof(float));
     }
   }
 
@@ -618,10 +633,7 @@ struct DeepseekModel::Impl {
     for (int64_t r : rows) total += r;
     fp8_e4m3* aq = xq.get(total * hid);
     float* as = xs.get(total * int64_t(kbh));
-    for (int64_t r = 0; r < total; ++r) {
-      std::memcpy(aq + r * hid, all + size_t(r) * xb, size_t(hid));
-      std::memcpy(as + size_t(r) * kbh, all + size_t(r) * xb + size_t(hid), kbh * sizeof(float));
-    }
+    unpack_rows(all, total, hid, aq, as);
     // This rank's gate/up columns [i0, i1), SwiGLU and its cast.
     const auto [i0, i1] = rank_columns(I, me, W);
     const int64_t wi = i1 - i0, kbw = k::num_blocks(wi);
@@ -672,6 +684,48 @@ struct DeepseekModel::Impl {
     bf16* part = t1.get(total * wh);  // [total, wh], rows in rank order
     if (wh > 0) k::gemm_fp8(fp8_gemm(column_slice(m.down, h0, h1), iq, is, total, part));
     return_rows(part, rows, T, hid, DType::bf16, gath, out, "mlp");
+  }
+
+  // Whether a MoE layer's shared expert may run on one rank for every rank's rows (plan_shared):
+  // as splits_dense, its GEMMs then take every rank's rows at once.
+  bool balances_shared(const LayerWeights& L) const {
+    return opts.balance_shared && group.size() > 1 && L.has_shared && L.shared.gate.fp8() &&
+           L.shared.up.fp8() && L.shared.down.fp8() && knobs().batch_invariant;
+  }
+
+  // Past this many rows in a step the shared expert's rows outweigh its weight read, so every
+  // rank runs its own and the gather of every rank's rows is skipped.
+  static constexpr int64_t kMaxBalancedRows = 64;
+
+  // The rank that runs this MoE layer's shared expert for every rank's rows, or -1 (each rank on
+  // its own: shared_expert_rank). Gathers every rank's fp8 rows (q, s) with their routed experts
+  // (idx [T, K]); the chosen rank keeps the rows in shared_q / shared_s, every rank the row counts
+  // in shared_rows. Every rank joins, with T = 0 too.
+  int plan_shared(const LayerWeights& L, int64_t T, const int64_t* idx, const fp8_e4m3* q,
+                  const float* s) {
+    if (!balances_shared(L)) return -1;
+    const int64_t hid = cfg.hidden_size, K = cfg.num_experts_per_tok;
+    const size_t xb = packed_row_bytes(hid), rb = xb + size_t(K) * sizeof(int32_t);
+    uint8_t* send = split_send.get(int64_t(size_t(T) * rb));
+    pack_rows(q, s, T, hid, send, rb);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = int32_t(idx[t * K + j]);
+        std::memcpy(send + size_t(t) * rb + xb + size_t(j) * sizeof(int32_t), &e, sizeof(e));
+      }
+    const uint8_t* all = gather_rows(send, T, int64_t(rb), DType::u8, split_recv, shared_rows,
+                                     "moe.shared", kMaxBalancedRows);
+    if (all == nullptr) return -1;
+    int64_t total = 0;
+    for (int64_t r : shared_rows) total += r;
+    std::vector<int32_t> ids(size_t(total * K));
+    for (int64_t r = 0; r < total; ++r)
+      std::memcpy(ids.data() + r * K, all + size_t(r) * rb + xb, size_t(K) * sizeof(int32_t));
+    const int chosen = shared_expert_rank(ids, shared_rows, cfg.n_routed_experts, K);
+    if (chosen == group.rank())
+      unpack_rows(all, total, hid, shared_q.get(total * hid),
+                  shared_s.get(total * k::num_blocks(hid)), rb);
+    return chosen;
   }
 
   // Returns the dense FFN's or the MoE's output [T, hidden] bf16 for the sub-layer input hbuf
@@ -743,6 +797,15 @@ struct DeepseekModel::Impl {
       trace->topk.emplace_back(idx, idx + T * K);
       trace->margins.emplace_back(mg, mg + T);
     }
+    // One rank may run the shared expert for every rank's rows (docs/ep.md §14).
+    const int shared_rank = plan_shared(L, T, idx, xq8, xs8);
+    if (trace) trace->shared_rank.push_back(shared_rank);
+    int64_t shared_total = 0, shared_first = 0;
+    if (shared_rank >= 0)
+      for (int64_t q = 0; q < group.size(); ++q) {
+        if (q < group.rank()) shared_first += shared_rows[size_t(q)];
+        shared_total += shared_rows[size_t(q)];
+      }
     // Dispatch (every rank joins, T may be 0).
     DispatchInput din;
     const int64_t P = k::num_blocks(hid);
@@ -764,7 +827,9 @@ struct DeepseekModel::Impl {
     const int64_t S = dout.x.dim(0);
     std::vector<MlpJob>& jobs = moe_jobs;
     jobs.clear();
-    if (L.has_shared && T > 0) jobs.push_back({&L.shared, Act{x, xq8, xs8}, T});
+    if (shared_rank < 0 && L.has_shared && T > 0) jobs.push_back({&L.shared, Act{x, xq8, xs8}, T});
+    if (shared_rank == group.rank())
+      jobs.push_back({&L.shared, Act{nullptr, shared_q.v.data(), shared_s.v.data()}, shared_total});
     int64_t off = 0;
     for (size_t e = 0; e < dout.num_recv_tokens_per_expert_aligned.size(); ++e) {
       const int64_t n = dout.num_recv_tokens_per_expert_aligned[e];
@@ -791,7 +856,9 @@ struct DeepseekModel::Impl {
     // direct lowering, the shared window: no copy there).
     Tensor y_out = ep->combine_input(dout.handle);
     bf16* y = y_out.data<bf16>();
-    bf16* shared = L.has_shared && T > 0 ? shared_out.get(T * hid) : nullptr;
+    bf16* shared = shared_rank >= 0        ? shared_out.get(shared_total * hid)
+                   : L.has_shared && T > 0 ? shared_out.get(T * hid)
+                                           : nullptr;
     off = 0;
     for (MlpJob& j : jobs) {
       if (j.m == &L.shared) {
@@ -804,6 +871,11 @@ struct DeepseekModel::Impl {
     {
       k::KernelTag tag("moe.experts");
       mlp_down(jobs);
+    }
+    if (shared_rank >= 0) {
+      k::KernelTag tag("moe.shared.broadcast", k::ScopeKind::collective);
+      group.broadcast(shared, size_t(shared_total * hid), DType::bf16, shared_rank);
+      shared = T > 0 ? shared + shared_first * hid : nullptr;
     }
     CombineOutput cout_;
     {
@@ -1180,17 +1252,19 @@ struct DeepseekModel::Impl {
 
   // Every rank's T rows of `width` elements x, gathered in rank order (all_gather_v) into buf;
   // rows[q] is rank q's row count. Returns them, or null (nothing gathered) where no rank has
-  // rows. Every rank joins, with T = 0 too. what: the profile scope's prefix.
+  // rows or they are more than max_total. Every rank joins, with T = 0 too. what: the profile
+  // scope's prefix.
   template <class E>
   E* gather_rows(const E* x, int64_t T, int64_t width, DType dtype, Scratch<E>& buf,
-                 std::vector<int64_t>& rows, const std::string& what) {
+                 std::vector<int64_t>& rows, const std::string& what,
+                 int64_t max_total = std::numeric_limits<int64_t>::max()) {
     const int64_t W = group.size();
     rows.assign(size_t(W), 0);
     k::KernelTag tag(what + ".gather", k::ScopeKind::collective);
     group.all_gather(&T, rows.data(), 1, DType::i64);
     int64_t total = 0;
     for (int64_t r : rows) total += r;
-    if (total == 0) return nullptr;
+    if (total == 0 || total > max_total) return nullptr;
     std::vector<size_t> counts(static_cast<size_t>(W));
     for (int64_t q = 0; q < W; ++q) counts[size_t(q)] = size_t(rows[size_t(q)] * width);
     E* all = buf.get(total * width);
@@ -1341,7 +1415,39 @@ struct DeepseekModel::Impl {
 ModelOptions ModelOptions::from_knobs() {
   ModelOptions o;
   o.ep = EPConfig::from_knobs();
+  o.balance_shared = knobs().ep_shared == "balanced";
   return o;
+}
+
+int shared_expert_rank(std::span<const int32_t> topk_ids, std::span<const int64_t> rows,
+                       int64_t num_experts, int64_t top_k) {
+  const int64_t W = int64_t(rows.size());
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  DI_CHECK(W > 0 && num_experts % W == 0 && int64_t(topk_ids.size()) == total * top_k,
+           "shared_expert_rank: {} ids for {} rows of top-{}, {} experts over {} ranks",
+           topk_ids.size(), total, top_k, num_experts, W);
+  if (W == 1 || total == 0) return -1;
+  const int64_t L = num_experts / W;
+  std::vector<int64_t> expert_rows(size_t(num_experts), 0);
+  for (int32_t e : topk_ids) {
+    DI_CHECK(e < num_experts, "shared_expert_rank: expert {} of {}", e, num_experts);
+    if (e >= 0) ++expert_rows[size_t(e)];
+  }
+  std::vector<double> routed(size_t(W), 0.0);
+  for (int64_t e = 0; e < num_experts; ++e)
+    if (expert_rows[size_t(e)] > 0)
+      routed[size_t(e / L)] += 1.0 + kSharedRowCost * double(expert_rows[size_t(e)]);
+  double own = 0.0;  // the busiest rank's cost with every rank running its own rows
+  for (int64_t q = 0; q < W; ++q)
+    own = std::max(
+        own, routed[size_t(q)] +
+                 (rows[size_t(q)] > 0 ? 1.0 + kSharedRowCost * double(rows[size_t(q)]) : 0.0));
+  const int64_t light = std::min_element(routed.begin(), routed.end()) - routed.begin();
+  double balanced = routed[size_t(light)] + 1.0 + kSharedRowCost * double(total);
+  for (int64_t q = 0; q < W; ++q)
+    if (q != light) balanced = std::max(balanced, routed[size_t(q)]);
+  return balanced <= own ? int(light) : -1;
 }
 
 DeepseekModel::DeepseekModel(std::shared_ptr<const ModelWeights> weights, Group& group,

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model/kv_cache.h"
@@ -33,10 +34,25 @@ struct ModelOptions {
   // every mHC comb replaced by the identity. Never for serving.
   bool ablate_engram = false;
   bool ablate_comb = false;
+  // Where a MoE layer's shared expert runs with several ranks (DEEPINFER_EP_SHARED):
+  // balanced lets one rank run it for every rank's rows where that shortens the busiest rank's
+  // expert work (shared_expert_rank); replicated has each rank run it on its own rows.
+  bool balance_shared = true;
 
   // The defaults with `ep` from the DEEPINFER_EP_* knobs (EPConfig::from_knobs).
   static ModelOptions from_knobs();
 };
+
+// Which rank runs a MoE layer's shared expert on every rank's rows, or -1 for each rank on its own
+// (docs/ep.md §14). rows[q]: rank q's token count; topk_ids: every rank's rows' routed experts in
+// rank order ([Σ rows, K], -1 = masked), expert e on rank e / (num_experts / W). A rank's cost is
+// one weight read per distinct local expert (decode reads every touched expert once) plus
+// kSharedRowCost per row it runs; the shared expert counts as an expert. The rank with the least
+// routed cost takes it when the busiest rank's cost is then no higher than with every rank running
+// its own (ties: the lowest rank); with one rank, or no rows, -1.
+inline constexpr double kSharedRowCost = 0.25;
+int shared_expert_rank(std::span<const int32_t> topk_ids, std::span<const int64_t> rows,
+                       int64_t num_experts, int64_t top_k);
 
 // One sequence's slice of a forward call: `num_tokens` new tokens at positions
 // [start_pos, start_pos + num_tokens); the cache already holds positions < start_pos.
@@ -53,6 +69,8 @@ struct RoutingTrace {
   std::vector<int64_t> layers;              // MoE layer indices
   std::vector<std::vector<int64_t>> topk;   // per MoE layer [T, K] expert ids in slot order
   std::vector<std::vector<float>> margins;  // per MoE layer [T] selection margins
+  std::vector<int> shared_rank;  // per MoE layer: the rank that ran the shared expert for every
+                                 // rank's rows, or -1 (each its own: shared_expert_rank)
 };
 
 struct ForwardOutput {

@@ -1,14 +1,17 @@
 // Model layer: config/safetensors errors name the problem; the paged KV cache; the forward pass
 // against the independent PyTorch golden (models/tiny/golden), and chunked prefill through the
-// paged cache against one-shot prefill.
+// paged cache against one-shot prefill; the shared expert on one rank for every rank's rows
+// (shared_expert_rank) against each rank running its own.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -399,6 +402,88 @@ TEST(Forward, PrefillMatchesGoldenAndChunkedPrefillMatchesOneShot) {
     EXPECT_LT(rel_err(one.data() + t * V, g.logits.data() + t * V, V), 5e-3) << "position " << t;
     EXPECT_LT(rel_err(chunked.data() + t * V, one.data() + t * V, V), 5e-3) << "position " << t;
   }
+}
+
+// Closed forms of the placement rule: 2 ranks, 8 experts (0-3 on rank 0), top-2, cost per row
+// kSharedRowCost = 0.25.
+TEST(SharedExpert, OneRankTakesItWhereTheBusiestRankGainsNothingElse) {
+  // One row a rank; rank 0's rows route to experts 0, 1 and 2, 3 (4 reads + 4 rows), rank 1's
+  // to none of its own: rank 1 takes the shared expert (1 + 2 rows) and the busiest cost stays 5.
+  EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{0, 1, 2, 3}, std::vector<int64_t>{1, 1}, 8, 2),
+            1);
+  // Balanced routing (each rank reads 2 experts for 2 rows): 3.75 with its own shared expert on
+  // each, 4 if either took both rows: each runs its own.
+  EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{0, 4, 1, 5}, std::vector<int64_t>{1, 1}, 8, 2),
+            -1);
+  // A rank with no rows of its own and no experts: it takes the others' rows.
+  EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{0, 1}, std::vector<int64_t>{1, 0}, 8, 2), 1);
+  // Masked slots read nothing; ties go to the lowest rank and to one rank running it: both
+  // ranks' routed cost is 1.25, and 2.75 either way.
+  EXPECT_EQ(
+      shared_expert_rank(std::vector<int32_t>{0, -1, 4, -1}, std::vector<int64_t>{2, 0}, 8, 2), 0);
+  // Many rows: the rows' cost outweighs the one weight read saved.
+  std::vector<int32_t> many;
+  for (int i = 0; i < 64; ++i) many.insert(many.end(), {int32_t(i % 8), int32_t((i + 3) % 8)});
+  EXPECT_EQ(shared_expert_rank(many, std::vector<int64_t>{32, 32}, 8, 2), -1);
+  // One rank, or no rows at all: no choice to make.
+  EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{0, 1}, std::vector<int64_t>{1}, 8, 2), -1);
+  EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{}, std::vector<int64_t>{0, 0}, 8, 2), -1);
+  EXPECT_NE(error_of([] {
+              shared_expert_rank(std::vector<int32_t>{0, 9}, std::vector<int64_t>{1, 0}, 8, 2);
+            }).find("expert 9 of 8"),
+            std::string::npos);
+}
+
+// At EP 2 (threads), two sequences decoding: the logits are the same bytes whether one rank runs
+// the shared expert for both ranks' rows or each rank its own, and the balanced run did move it.
+TEST(SharedExpert, BalancedGivesTheBytesOfReplicatedAtEp2) {
+  const auto cfg = load_config(kTiny);
+  const int64_t V = cfg.vocab_size, steps = 4;
+  std::vector<float> logits[2][2];  // [balanced][rank]
+  int moved = 0, kept = 0;
+  std::mutex mu;
+  for (const bool balance : {false, true}) {
+    LaunchOptions lo;
+    lo.world = 2;
+    run_ranks(lo, [&](Group& group) {
+      LoadOptions o;
+      o.ep_rank = group.rank();
+      o.ep_size = 2;
+      auto w = load_weights(std::make_shared<const Checkpoint>(kTiny), cfg, o);
+      ModelOptions mo;
+      mo.balance_shared = balance;
+      DeepseekModel m(w, group, mo);
+      PagedKvCache cache(m.kv_cache_config(4));
+      const int64_t s = cache.add_sequence();
+      std::vector<int32_t> ids = golden_prompt(group.rank()).ids;
+      std::vector<float> mine;
+      int64_t pos = 0;
+      for (int64_t step = 0; step <= steps; ++step) {
+        const int64_t n = step == 0 ? int64_t(ids.size()) : 1;
+        auto out = m.forward({{s, ids.data() + pos, n, pos, false}}, cache, /*trace=*/true);
+        const float* l = out.logits.data<float>();
+        mine.insert(mine.end(), l, l + V);
+        pos += n;
+        ids.push_back(int32_t(std::max_element(l, l + V) - l));
+        std::lock_guard lk(mu);
+        for (int r : out.routing.shared_rank) {
+          if (balance) {
+            ++(r >= 0 ? moved : kept);
+          } else {
+            EXPECT_EQ(r, -1);
+          }
+        }
+      }
+      std::lock_guard lk(mu);
+      logits[balance][group.rank()] = std::move(mine);
+    });
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(logits[0][r].size(), size_t((steps + 1) * V));
+    EXPECT_EQ(std::memcmp(logits[0][r].data(), logits[1][r].data(), logits[0][r].size() * 4), 0)
+        << "rank " << r;
+  }
+  EXPECT_GT(moved, 0) << "no layer ran the shared expert on one rank (" << kept << " kept it)";
 }
 
 }  // namespace

@@ -257,11 +257,13 @@ double distinct_experts_per_step(const std::vector<runtime::RequestResult>& resu
 // ABBA order (step_turns.h). Per batch one line: each side's median decode-step time and their
 // ratio, the peer's over this one's (> 1: this binary is faster), and whether the greedy tokens are
 // the same. The peer runs this function too (--ab-peer), prints nothing and sends its figures back.
+// At --ep N each side runs N local ranks (B sequences each): rank 0 holds the turn, and every rank
+// starts and ends the step together (barriers), its pool asleep before the turn passes.
 int run_bench_decode_ab(const BenchDecodeCli& o) {
-  if (o.ep != 1 || o.vs_ep1 || o.speculative.on() || o.profile)
+  if (o.vs_ep1 || o.speculative.on() || o.profile)
     DI_USAGE(
-        "--ab takes turns with another binary at EP 1 decode only: drop --ep, --vs-ep1, "
-        "--speculative and --profile");
+        "--ab takes turns with another binary at decode only: drop --vs-ep1, --speculative and "
+        "--profile");
   for (const std::string& e : o.ab_env)
     if (e.find('=') == std::string::npos || e.find('=') == 0)
       DI_USAGE("--ab-env {}: expected NAME=VALUE, e.g. DEEPINFER_BATCH_INVARIANT=off", e);
@@ -278,6 +280,7 @@ int run_bench_decode_ab(const BenchDecodeCli& o) {
         {"--model", o.model},
         {"--synthetic-dir", o.synthetic_dir},
         {"--threads", std::to_string(o.threads)},
+        {"--ep", std::to_string(o.ep)},
         {"--batch", batches},
         {"--decode-tokens", std::to_string(o.decode_tokens)},
         {"--reps", std::to_string(o.reps)},
@@ -296,20 +299,25 @@ int run_bench_decode_ab(const BenchDecodeCli& o) {
     std::vector<int32_t> tokens;  // the last run's, request by request
   };
   std::vector<PerBatch> mine(o.batch.size());
+  std::vector<std::vector<std::vector<int32_t>>> rank_tokens(
+      o.batch.size(), std::vector<std::vector<int32_t>>(size_t(o.ep)));  // [batch][rank]
   double flops_per_token = 0;
   runtime::LaunchModelOptions lo;
   lo.model_dir = dir;
+  lo.ep = o.ep;
   lo.quantize_fp8 = o.quantize == "fp8";
   lo.fp8_head = o.head.fp8();
   runtime::run_model_ranks(lo, [&](runtime::RankContext& rc) {
     const int32_t V = int32_t(rc.weights->config.vocab_size);
-    flops_per_token = linear_flops_per_token(rc.weights->config);
+    const int rank = rc.group.rank();
+    const bool lead = rank == 0;
+    if (lead) flops_per_token = linear_flops_per_token(rc.weights->config);
     const int64_t max_batch = *std::max_element(o.batch.begin(), o.batch.end());
     runtime::Engine engine(rc.weights, rc.group,
                            decode_engine_options(max_batch, kDecodePrompt, o.decode_tokens, V));
     for (size_t bi = 0; bi < o.batch.size(); ++bi) {
       const int64_t B = o.batch[bi];
-      const auto reqs = rank_decode_requests(B, 1, 0, o.decode_tokens + 1, V);
+      const auto reqs = rank_decode_requests(B, o.ep, rank, o.decode_tokens + 1, V);
       for (int r = 0; r < o.reps + 1; ++r) {  // run 0 warms up
         std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(B));
         for (const auto& q : reqs) engine.start(q);
@@ -317,26 +325,33 @@ int run_bench_decode_ab(const BenchDecodeCli& o) {
           // A decode step: every sequence has its first token (its prefill is done).
           bool decoding = true;
           for (const auto& t : tokens) decoding &= !t.empty();
-          turns->acquire();
+          if (lead) turns->acquire();
+          if (o.ep > 1) rc.group.barrier();
           const auto t0 = std::chrono::steady_clock::now();
           const auto events = engine.step();
+          if (o.ep > 1) rc.group.barrier();
           const auto t1 = std::chrono::steady_clock::now();
           // The pool's workers poll for a while after a call before they sleep: polling during
           // the peer's step would slow it (two processes, one set of CPUs).
-          turns->release([] { kernels::kernel_pool().wait_until_asleep(); });
+          kernels::kernel_pool().wait_until_asleep();
+          if (o.ep > 1) rc.group.barrier();
+          if (lead) turns->release([] {});
           for (const auto& e : events)
             if (e.token >= 0) tokens[size_t(e.id)].push_back(e.token);
-          if (r > 0 && decoding)
+          if (lead && r > 0 && decoding)
             mine[bi].step_s.push_back(std::chrono::duration<double>(t1 - t0).count());
         }
         if (r == o.reps) {
-          mine[bi].tokens.clear();
-          for (const auto& t : tokens)
-            mine[bi].tokens.insert(mine[bi].tokens.end(), t.begin(), t.end());
+          std::vector<int32_t>& mine_r = rank_tokens[bi][size_t(rank)];
+          mine_r.clear();
+          for (const auto& t : tokens) mine_r.insert(mine_r.end(), t.begin(), t.end());
         }
       }
     }
   });
+  for (size_t bi = 0; bi < o.batch.size(); ++bi)
+    for (const auto& t : rank_tokens[bi])
+      mine[bi].tokens.insert(mine[bi].tokens.end(), t.begin(), t.end());
   turns->finish();
   if (!turns->is_a()) {
     for (const PerBatch& p : mine) {
@@ -370,7 +385,7 @@ int run_bench_decode_ab(const BenchDecodeCli& o) {
     d.case_name =
         fmt::format("{} decode batch {} ab vs {}{}", case_tag(o, name), B, o.ab, peer_env);
     d.seconds = a_s;
-    d.flops = double(B) * flops_per_token;
+    d.flops = double(B * o.ep) * flops_per_token;
     d.limit = "peer_step_seconds";
     d.limit_value = b_s;
     d.ratio = b_s / a_s;
@@ -379,8 +394,8 @@ int run_bench_decode_ab(const BenchDecodeCli& o) {
                {"step_ms", 1e3 * a_s},
                {"peer_step_ms", 1e3 * b_s},
                {"ratio_pairs_median", median(pairs)},
-               {"tokens_per_s", double(B) / a_s},
-               {"peer_tokens_per_s", double(B) / b_s},
+               {"tokens_per_s", double(B * o.ep) / a_s},
+               {"peer_tokens_per_s", double(B * o.ep) / b_s},
                {"identical_tokens", a.tokens == b.tokens ? 1.0 : 0.0}};
     ctx.emit(d);
   }
