@@ -119,9 +119,9 @@ report "--ab: same binary, same tokens, every step timed" $ok "exit $rc, $good o
   --reps 1 --decode-tokens 8 >"$LOGS/ab_fault.out" 2>"$LOGS/ab_fault.err"; rc=$?
 [[ $rc -eq 0 ]] && grep -q '"identical_tokens":0\.0' "$LOGS/ab_fault.out" && ok=1 || ok=0
 report "--ab-env: a perturbed peer's tokens differ" $ok "exit $rc: $(grep -o '"identical_tokens":[0-9.]*' "$LOGS/ab_fault.out")"
-# At EP 2 (two local ranks a side), against a peer whose shared experts run replicated: the same
-# tokens (docs/ep.md §14), every step of both sides timed.
-"$DEEPINFER" bench decode --model "$MODEL" --ep 2 --ab "$DEEPINFER" --ab-env DEEPINFER_EP_SHARED=replicated \
+# At EP 2 (two local ranks a side), against a peer whose ranks each run all their replicated work
+# (DEEPINFER_EP_SPLIT=off): the same tokens (docs/ep.md §14), every step of both sides timed.
+"$DEEPINFER" bench decode --model "$MODEL" --ep 2 --ab "$DEEPINFER" --ab-env DEEPINFER_EP_SPLIT=off \
   --reps 2 --decode-tokens 8 >"$LOGS/ab_ep2.out" 2>"$LOGS/ab_ep2.err"; rc=$?
 good=$(grep -cE 'ep=2 .*"identical_tokens":1\.0.*"peer_steps":16\.0.*"steps":16\.0' "$LOGS/ab_ep2.out")
 [[ $rc -eq 0 && $good -eq 1 ]] && ok=1 || ok=0

@@ -32,10 +32,10 @@ echo "--- check e2e mpi EP=2 algo=a2a peer memory on (direct dispatch and combin
 DEEPINFER_EP_PEER_MEMORY=on mpirun --oversubscribe -x DEEPINFER_EP_PEER_MEMORY -np 2 "$DEEPINFER" check e2e \
   --model "$MODEL" --ep 2 --comm mpi --algo a2a --expect-hash "$hash" | tail -3
 
-# Every EP 2 run above lets one rank run a MoE layer's shared expert for both ranks' rows where that
-# helps (DEEPINFER_EP_SHARED=balanced, docs/ep.md §14); each rank running its own gives the same hash.
-echo "--- check e2e local EP=2 DEEPINFER_EP_SHARED=replicated"
-DEEPINFER_EP_SHARED=replicated "$DEEPINFER" check e2e --model "$MODEL" --ep 2 --comm local \
+# Every EP > 1 run above has the ranks share the replicated work of steps with few rows
+# (DEEPINFER_EP_SPLIT=on, docs/ep.md §14); each rank doing all of its own gives the same hash.
+echo "--- check e2e local EP=2 DEEPINFER_EP_SPLIT=off"
+DEEPINFER_EP_SPLIT=off "$DEEPINFER" check e2e --model "$MODEL" --ep 2 --comm local \
   --expect-hash "$hash" | tail -2
 
 # Without batch invariance (docs/numerics.md §10) the decode GEMMs sum in another order than the

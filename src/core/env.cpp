@@ -37,11 +37,11 @@ constexpr std::array<KnobDoc, 19> kKnobDocs{{
      "a2a where the ranks share memory (local, or mpi on one host): combine (and on local "
      "dispatch) reads the peers' buffers in place instead of exchanging them; auto: once a call "
      "moves >= 256 KiB per rank"},
-    {"DEEPINFER_EP_SHARED", "balanced, replicated", "balanced",
-     "several ranks, fp8 shared expert, batch-invariant GEMMs: `balanced` = one rank runs a MoE "
-     "layer's shared expert for every rank's rows where that shortens the busiest rank's expert "
-     "work (few rows a step); `replicated` = each rank runs it on its own rows; the same bits "
-     "either way"},
+    {"DEEPINFER_EP_SPLIT", "on, off", "on",
+     "several ranks with few rows in all (<= 8), batch-invariant GEMMs: the ranks share the "
+     "replicated fp8 work (attention projections split by output columns, a MoE layer's shared "
+     "expert on the least-loaded rank) instead of each reading every weight for its own rows; "
+     "the same bits either way"},
     {"DEEPINFER_KERNELS", "host, cpu", "cpu",
      "kernel backend: `host` = plain reference loops, `cpu` = optimised CPU kernels"},
     {"DEEPINFER_DECODE_LAYOUT", "on, off", "on",
@@ -191,7 +191,7 @@ Knobs parse_knobs(const std::function<std::optional<std::string>(const char*)>& 
   if (auto v = get("DEEPINFER_EP_COMBINE")) k.ep_combine = parse_choice("DEEPINFER_EP_COMBINE", *v);
   if (auto v = get("DEEPINFER_EP_PEER_MEMORY"))
     k.ep_peer_memory = parse_choice("DEEPINFER_EP_PEER_MEMORY", *v);
-  if (auto v = get("DEEPINFER_EP_SHARED")) k.ep_shared = parse_choice("DEEPINFER_EP_SHARED", *v);
+  if (auto v = get("DEEPINFER_EP_SPLIT")) k.ep_split = parse_on_off("DEEPINFER_EP_SPLIT", *v);
   if (auto v = get("DEEPINFER_KERNELS")) k.kernels = parse_choice("DEEPINFER_KERNELS", *v);
   if (auto v = get("DEEPINFER_DECODE_LAYOUT"))
     k.decode_layout = parse_on_off("DEEPINFER_DECODE_LAYOUT", *v);

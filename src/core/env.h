@@ -25,7 +25,7 @@ struct Knobs {
   size_t ep_chunk_bytes = 64ull << 20;  // DEEPINFER_EP_CHUNK_BYTES (>= 4096)
   std::string ep_combine = "exact";     // DEEPINFER_EP_COMBINE = exact|fast
   std::string ep_peer_memory = "auto";  // DEEPINFER_EP_PEER_MEMORY = on|off|auto
-  std::string ep_shared = "balanced";   // DEEPINFER_EP_SHARED = balanced|replicated
+  bool ep_split = true;                 // DEEPINFER_EP_SPLIT = on|off
   std::string kernels = "cpu";          // DEEPINFER_KERNELS = host|cpu
   bool decode_layout = true;            // DEEPINFER_DECODE_LAYOUT = on|off
   bool amx = true;                      // DEEPINFER_AMX = on|off

@@ -109,8 +109,9 @@ struct DeepseekModel::Impl {
   std::unique_ptr<EngramBuffer> engram_buf;
   std::vector<EngramFetch> eg_fetch;
   int64_t hc = 1;  // mHC branches
-  Scratch<fp8_e4m3> xq, tq, shared_q;
-  Scratch<float> xs, ts, router_logits, topk_w, margins, shared_s;
+  Scratch<fp8_e4m3> xq, tq, shared_q, split_q;
+  Scratch<float> xs, ts, router_logits, topk_w, margins, shared_s, split_s;
+  Scratch<bf16> split_part;
   std::vector<int64_t> shared_rows;  // rows per rank where one rank runs the shared expert
   Scratch<int64_t> topk_idx, positions;
 
@@ -234,6 +235,82 @@ struct DeepseekModel::Impl {
     gemms_.clear();
     for (const auto& [l, out] : ls) queue_linear(*l, a, T, out);
     k::gemm_fp8_multi(gemms_);
+  }
+
+  // The most rows in all (every rank's) at which the ranks share the replicated work
+  // (split_linears, plan_shared). Beyond it a rank's own rows make its 16-row GEMMs
+  // compute-bound, so splitting saves no time and the gathers cost: at EP 2 on the synthetic
+  // model (`bench decode --ab` against DEEPINFER_EP_SPLIT=off, docs/performance.md §8) 2 rows in
+  // all gained 5-7%, 8 rows 2-7%, 16 rows -3 to +1%, 32 rows -3 to -1%.
+  static constexpr int64_t kMaxSplitRows = 8;
+
+  // Every rank's fp8 rows (codes q and 1×128 scales s, [T, n]) gathered in rank order into
+  // split_q / split_s; rows[r] is rank r's count. Returns the total, or 0 (nothing gathered) where
+  // no rank has rows or they are more than max_total. Every rank joins, with T = 0 too.
+  int64_t gather_fp8_rows(const fp8_e4m3* q, const float* s, int64_t T, int64_t n,
+                          std::vector<int64_t>& rows, const std::string& what,
+                          int64_t max_total = std::numeric_limits<int64_t>::max()) {
+    const size_t xb = packed_row_bytes(n);
+    uint8_t* send = split_send.get(int64_t(size_t(T) * xb));
+    pack_rows(q, s, T, n, send);
+    const uint8_t* all =
+        gather_rows(send, T, int64_t(xb), DType::u8, split_recv, rows, what, max_total);
+    if (all == nullptr) return 0;
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    unpack_rows(all, total, n, split_q.get(total * n), split_s.get(total * k::num_blocks(n)));
+    return total;
+  }
+
+  // Linears that share their input rows (ls: the weight and its output [T, out]), split by
+  // output columns over the ranks where several ranks have few rows in all (≤ kMaxSplitRows):
+  // every rank's fp8 input rows are gathered (all_gather_v; a bf16 input is cast first, as
+  // linear() casts it), each rank computes its rank_columns of every linear for all the rows, and
+  // the slices go back to their rows' ranks (all_to_all_v each), so the ranks read each weight
+  // once between them, not W times (docs/ep.md §14). A column sums as in the whole GEMM (batch
+  // invariance, column_slice), so out is what linears() gives. Else, or where a weight is not
+  // fp8, each rank runs linears() on its own rows. Every rank joins in the same order, T = 0 too.
+  void split_linears(std::initializer_list<std::pair<const Linear*, bf16*>> ls, const Act& a,
+                     int64_t T, const std::string& what) {
+    bool fp8 = true;
+    for (const auto& [l, out] : ls) fp8 &= l->fp8();
+    if (!fp8 || !opts.split_replicated || group.size() == 1 || !knobs().batch_invariant)
+      return linears(ls, a, T);
+    const int64_t in = ls.begin()->first->in, W = group.size(), me = group.rank();
+    const fp8_e4m3* q = a.q;
+    const float* sc = a.scales;
+    if (q == nullptr && T > 0) {
+      fp8_e4m3* qq = tq.get(T * in);
+      float* ss = ts.get(T * k::num_blocks(in));
+      quantize(a.x, T, in, qq, ss);
+      q = qq;
+      sc = ss;
+    }
+    std::vector<int64_t> rows;
+    const int64_t total = gather_fp8_rows(q, sc, T, in, rows, what, kMaxSplitRows);
+    if (total == 0) return linears(ls, Act{a.x, q, sc}, T);
+    const fp8_e4m3* aq = split_q.v.data();
+    const float* as = split_s.v.data();
+    int64_t width = 0;
+    for (const auto& [l, out] : ls) {
+      const auto [c0, c1] = rank_columns(l->out, me, W);
+      width += c1 - c0;
+    }
+    bf16* part = split_part.get(total * width);  // each linear's [total, its columns], in turn
+    gemms_.clear();
+    int64_t at = 0;
+    for (const auto& [l, out] : ls) {
+      const auto [c0, c1] = rank_columns(l->out, me, W);
+      if (c1 > c0) gemms_.push_back(fp8_gemm(column_slice(*l, c0, c1), aq, as, total, part + at));
+      at += total * (c1 - c0);
+    }
+    k::gemm_fp8_multi(gemms_);
+    at = 0;
+    for (const auto& [l, out] : ls) {
+      const auto [c0, c1] = rank_columns(l->out, me, W);
+      return_rows(part + at, rows, T, l->out, DType::bf16, gath, out, what);
+      at += total * (c1 - c0);
+    }
   }
 
   // out = x·Wᵀ: an fp8 weight with the cast input at hand joins gemms_ (the caller's next
@@ -421,6 +498,15 @@ struct DeepseekModel::Impl {
     const int64_t hid = cfg.hidden_size, H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim,
                   dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, r = cfg.kv_lora_rank,
                   qk = dn + dr, row = r + dr;
+    if (T == 0) {  // no rows: join the projections' splits (split_linears) in their order
+      if (cfg.q_lora_rank > 0) {
+        split_linears({{&L.q_a, nullptr}, {&L.kv_a, nullptr}}, Act{}, 0, "attn.in");
+        split_linears({{&L.q_b, nullptr}}, Act{}, 0, "attn.q_b");
+      } else {
+        split_linears({{&L.q, nullptr}, {&L.kv_a, nullptr}}, Act{}, 0, "attn.in");
+      }
+      split_linears({{&L.o, nullptr}}, Act{}, 0, "attn.o");
+    }
     if (T > 0) {
       bf16* x = xn.get(T * hid);
       fp8_e4m3* xq8 = xq.get(T * hid);
@@ -431,11 +517,12 @@ struct DeepseekModel::Impl {
       bf16* kvb_ = kv.get(T * row);  // [T, r + dr]
       if (cfg.q_lora_rank > 0) {
         bf16* qa = t0.get(T * cfg.q_lora_rank);
-        linears({{&L.q_a, qa}, {&L.kv_a, kvb_}}, xa, T);  // [T, q_lora], [T, r + dr]
+        split_linears({{&L.q_a, qa}, {&L.kv_a, kvb_}}, xa, T,
+                      "attn.in");  // [T, q_lora], [T, r + dr]
         rms_norm(qa, L.q_a_norm, T, cfg.q_lora_rank, qa);
-        linear(L.q_b, Act{qa}, T, qb);
+        split_linears({{&L.q_b, qb}}, Act{qa}, T, "attn.q_b");
       } else {
-        linears({{&L.q, qb}, {&L.kv_a, kvb_}}, xa, T);
+        split_linears({{&L.q, qb}, {&L.kv_a, kvb_}}, xa, T, "attn.in");
       }
       bf16* kr = kvrow.get(T * row);  // [T, r + dr]: [c_n | k_pe]
       rms_norm(kvb_, L.kv_a_norm, T, r, kr, row, row);
@@ -568,7 +655,7 @@ struct DeepseekModel::Impl {
         k::gemm_bf16(gp);
       }
       bf16* ao = attn.get(T * hid);
-      linear(L.o, Act{oc}, T, ao);
+      split_linears({{&L.o, ao}}, Act{oc}, T, "attn.o");
       return ao;
     }
     return nullptr;
@@ -623,17 +710,11 @@ struct DeepseekModel::Impl {
   void dense_mlp_split(const Mlp& m, const fp8_e4m3* xq8, const float* xs8, int64_t T, bf16* out) {
     const int64_t hid = m.gate.in, I = m.gate.out, W = group.size(), me = group.rank();
     // Every rank's input rows, in rank order.
-    const size_t xb = packed_row_bytes(hid), kbh = size_t(k::num_blocks(hid));
-    uint8_t* send = split_send.get(int64_t(size_t(T) * xb));
-    pack_rows(xq8, xs8, T, hid, send);
     std::vector<int64_t> rows;
-    const uint8_t* all = gather_rows(send, T, int64_t(xb), DType::u8, split_recv, rows, "mlp");
-    if (all == nullptr) return;
-    int64_t total = 0;
-    for (int64_t r : rows) total += r;
-    fp8_e4m3* aq = xq.get(total * hid);
-    float* as = xs.get(total * int64_t(kbh));
-    unpack_rows(all, total, hid, aq, as);
+    const int64_t total = gather_fp8_rows(xq8, xs8, T, hid, rows, "mlp");
+    if (total == 0) return;
+    const fp8_e4m3* aq = split_q.v.data();
+    const float* as = split_s.v.data();
     // This rank's gate/up columns [i0, i1), SwiGLU and its cast.
     const auto [i0, i1] = rank_columns(I, me, W);
     const int64_t wi = i1 - i0, kbw = k::num_blocks(wi);
@@ -650,7 +731,7 @@ struct DeepseekModel::Impl {
     }
     // Whole intermediate rows: every rank's column slice of every row.
     const size_t hb = packed_row_bytes(wi);
-    send = split_send.get(int64_t(size_t(total) * hb));
+    uint8_t* send = split_send.get(int64_t(size_t(total) * hb));
     pack_rows(hq, hs, total, wi, send);
     std::vector<size_t> counts(static_cast<size_t>(W));
     size_t gathered = 0;
@@ -665,7 +746,7 @@ struct DeepseekModel::Impl {
       group.all_gather_v(send, size_t(total) * hb, inter, counts, DType::u8);
     }
     const int64_t kbi = k::num_blocks(I);
-    fp8_e4m3* iq = xq.get(total * I);  // the input rows are no longer needed
+    fp8_e4m3* iq = xq.get(total * I);
     float* is = xs.get(total * kbi);
     for (int64_t q = 0, at = 0; q < W; ++q) {
       const auto [q0, q1] = rank_columns(I, q, W);
@@ -689,13 +770,9 @@ struct DeepseekModel::Impl {
   // Whether a MoE layer's shared expert may run on one rank for every rank's rows (plan_shared):
   // as splits_dense, its GEMMs then take every rank's rows at once.
   bool balances_shared(const LayerWeights& L) const {
-    return opts.balance_shared && group.size() > 1 && L.has_shared && L.shared.gate.fp8() &&
+    return opts.split_replicated && group.size() > 1 && L.has_shared && L.shared.gate.fp8() &&
            L.shared.up.fp8() && L.shared.down.fp8() && knobs().batch_invariant;
   }
-
-  // Past this many rows in a step the shared expert's rows outweigh its weight read, so every
-  // rank runs its own and the gather of every rank's rows is skipped.
-  static constexpr int64_t kMaxBalancedRows = 64;
 
   // The rank that runs this MoE layer's shared expert for every rank's rows, or -1 (each rank on
   // its own: shared_expert_rank). Gathers every rank's fp8 rows (q, s) with their routed experts
@@ -714,7 +791,7 @@ struct DeepseekModel::Impl {
         std::memcpy(send + size_t(t) * rb + xb + size_t(j) * sizeof(int32_t), &e, sizeof(e));
       }
     const uint8_t* all = gather_rows(send, T, int64_t(rb), DType::u8, split_recv, shared_rows,
-                                     "moe.shared", kMaxBalancedRows);
+                                     "moe.shared", kMaxSplitRows);
     if (all == nullptr) return -1;
     int64_t total = 0;
     for (int64_t r : shared_rows) total += r;
@@ -1415,7 +1492,7 @@ struct DeepseekModel::Impl {
 ModelOptions ModelOptions::from_knobs() {
   ModelOptions o;
   o.ep = EPConfig::from_knobs();
-  o.balance_shared = knobs().ep_shared == "balanced";
+  o.split_replicated = knobs().ep_split;
   return o;
 }
 

@@ -34,10 +34,11 @@ struct ModelOptions {
   // every mHC comb replaced by the identity. Never for serving.
   bool ablate_engram = false;
   bool ablate_comb = false;
-  // Where a MoE layer's shared expert runs with several ranks (DEEPINFER_EP_SHARED):
-  // balanced lets one rank run it for every rank's rows where that shortens the busiest rank's
-  // expert work (shared_expert_rank); replicated has each rank run it on its own rows.
-  bool balance_shared = true;
+  // Several ranks with few rows in all (DEEPINFER_EP_SPLIT, docs/ep.md §14): the ranks share the
+  // replicated fp8 work (the attention projections split by output columns, a MoE layer's shared
+  // expert on one rank for every rank's rows: shared_expert_rank) instead of each running it on
+  // its own rows. The same bytes either way.
+  bool split_replicated = true;
 
   // The defaults with `ep` from the DEEPINFER_EP_* knobs (EPConfig::from_knobs).
   static ModelOptions from_knobs();

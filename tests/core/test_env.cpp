@@ -72,7 +72,7 @@ TEST(Env, DocumentedDefaultsAreTheParsersDefaults) {
       {"DEEPINFER_EP_REDUCE", k.ep_reduce},
       {"DEEPINFER_EP_COMBINE", k.ep_combine},
       {"DEEPINFER_EP_PEER_MEMORY", k.ep_peer_memory},
-      {"DEEPINFER_EP_SHARED", k.ep_shared},
+      {"DEEPINFER_EP_SPLIT", k.ep_split ? "on" : "off"},
       {"DEEPINFER_KERNELS", k.kernels},
       {"DEEPINFER_LOG", k.log_level},
       {"DEEPINFER_DECODE_LAYOUT", k.decode_layout ? "on" : "off"},
@@ -95,7 +95,7 @@ TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
       {"DEEPINFER_EP_REDUCE", {"rs", "ar"}},
       {"DEEPINFER_EP_COMBINE", {"exact", "fast"}},
       {"DEEPINFER_EP_PEER_MEMORY", {"auto", "on", "off"}},
-      {"DEEPINFER_EP_SHARED", {"balanced", "replicated"}},
+      {"DEEPINFER_EP_SPLIT", {"on", "off"}},
       {"DEEPINFER_KERNELS", {"host", "cpu"}},
       {"DEEPINFER_DECODE_LAYOUT", {"on", "off"}},
       {"DEEPINFER_BATCH_INVARIANT", {"on", "off"}},
@@ -118,7 +118,7 @@ TEST(Env, EnumKnobsAcceptEveryAllowedValue) {
   EXPECT_EQ(parse({{"DEEPINFER_EP_COMBINE", "fast"}}).ep_combine, "fast");
   EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "off"}}).ep_peer_memory, "off");
   EXPECT_EQ(parse({{"DEEPINFER_EP_PEER_MEMORY", "on"}}).ep_peer_memory, "on");
-  EXPECT_EQ(parse({{"DEEPINFER_EP_SHARED", "replicated"}}).ep_shared, "replicated");
+  EXPECT_FALSE(parse({{"DEEPINFER_EP_SPLIT", "off"}}).ep_split);
   EXPECT_EQ(parse({{"DEEPINFER_KERNELS", "host"}}).kernels, "host");
   EXPECT_EQ(parse({{"DEEPINFER_LOAD", "bucket"}}).load, "bucket");
   for (const char* level : {"debug", "info", "warn", "error"})
@@ -188,7 +188,7 @@ TEST(Env, EveryKnobRejectsInvalidValues) {
          "17179869184G", " 4096"}}},
       {"DEEPINFER_EP_COMBINE", {"exact, fast", {"EXACT", "approx"}}},
       {"DEEPINFER_EP_PEER_MEMORY", {"auto, on, off", {"ON", "1", "shm", "automatic"}}},
-      {"DEEPINFER_EP_SHARED", {"balanced, replicated", {"on", "Balanced", "local"}}},
+      {"DEEPINFER_EP_SPLIT", {"on, off", {"ON", "1", "balanced"}}},
       {"DEEPINFER_KERNELS", {"host, cpu", {"cuda", "CPU", "reference"}}},
       {"DEEPINFER_DECODE_LAYOUT", {"on, off", {"ON", "1", "true", "yes"}}},
       {"DEEPINFER_PIN_RANKS", {"on, off", {"ON", "1", "auto", "cores"}}},

@@ -1,7 +1,7 @@
 // Model layer: config/safetensors errors name the problem; the paged KV cache; the forward pass
 // against the independent PyTorch golden (models/tiny/golden), and chunked prefill through the
-// paged cache against one-shot prefill; the shared expert on one rank for every rank's rows
-// (shared_expert_rank) against each rank running its own.
+// paged cache against one-shot prefill; the ranks sharing the replicated work of small steps
+// (split_linears, shared_expert_rank) against each rank doing all of its own.
 #include <deepinfer/comm.h>
 #include <deepinfer/error.h>
 #include <gtest/gtest.h>
@@ -425,6 +425,12 @@ TEST(SharedExpert, OneRankTakesItWhereTheBusiestRankGainsNothingElse) {
   std::vector<int32_t> many;
   for (int i = 0; i < 64; ++i) many.insert(many.end(), {int32_t(i % 8), int32_t((i + 3) % 8)});
   EXPECT_EQ(shared_expert_rank(many, std::vector<int64_t>{32, 32}, 8, 2), -1);
+  // 4 ranks (2 experts each), a row each, every expert used twice: ranks 0-2 cost 3, 1.5 and 1.5,
+  // rank 3 nothing. Each with its own rows the busiest costs 4.25; rank 3 taking all four rows
+  // costs 2, so the busiest costs 3.
+  EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{0, 1, 2, 4, 0, 1, 2, 4},
+                               std::vector<int64_t>{1, 1, 1, 1}, 8, 2),
+            3);
   // One rank, or no rows at all: no choice to make.
   EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{0, 1}, std::vector<int64_t>{1}, 8, 2), -1);
   EXPECT_EQ(shared_expert_rank(std::vector<int32_t>{}, std::vector<int64_t>{0, 0}, 8, 2), -1);
@@ -434,9 +440,11 @@ TEST(SharedExpert, OneRankTakesItWhereTheBusiestRankGainsNothingElse) {
             std::string::npos);
 }
 
-// At EP 2 (threads), two sequences decoding: the logits are the same bytes whether one rank runs
-// the shared expert for both ranks' rows or each rank its own, and the balanced run did move it.
-TEST(SharedExpert, BalancedGivesTheBytesOfReplicatedAtEp2) {
+// At EP 2 (threads), two sequences decoding: the logits are the same bytes whether the ranks share
+// the replicated work of the decode steps (attention projections split by columns, the shared
+// expert on one rank for both ranks' rows) or each rank does all of its own, and the split run did
+// move the shared expert.
+TEST(SplitReplicatedWork, SameBytesAsEachRankAloneAtEp2) {
   const auto cfg = load_config(kTiny);
   const int64_t V = cfg.vocab_size, steps = 4;
   std::vector<float> logits[2][2];  // [balanced][rank]
@@ -451,7 +459,7 @@ TEST(SharedExpert, BalancedGivesTheBytesOfReplicatedAtEp2) {
       o.ep_size = 2;
       auto w = load_weights(std::make_shared<const Checkpoint>(kTiny), cfg, o);
       ModelOptions mo;
-      mo.balance_shared = balance;
+      mo.split_replicated = balance;
       DeepseekModel m(w, group, mo);
       PagedKvCache cache(m.kv_cache_config(4));
       const int64_t s = cache.add_sequence();
