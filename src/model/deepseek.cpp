@@ -238,11 +238,18 @@ struct DeepseekModel::Impl {
   }
 
   // The most rows in all (every rank's) at which the ranks share the replicated work
-  // (split_linears, plan_shared). Beyond it a rank's own rows make its 16-row GEMMs
-  // compute-bound, so splitting saves no time and the gathers cost: at EP 2 on the synthetic
-  // model (`bench decode --ab` against DEEPINFER_EP_SPLIT=off, docs/performance.md §8) 2 rows in
-  // all gained 5-7%, 8 rows 2-7%, 16 rows -3 to +1%, 32 rows -3 to -1%.
+  // (split_linears, plan_shared). Beyond it a rank's own rows already make its GEMMs
+  // compute-bound, so a split saves no time and its gathers cost: at EP 2 on the synthetic model
+  // (`bench decode --ab` against DEEPINFER_EP_SPLIT=off, docs/performance.md §8) 2 rows in all
+  // gained 5-15%, 8 rows 0.5-5%, 16 rows -3 to +1%, 32 rows -3 to -1%.
   static constexpr int64_t kMaxSplitRows = 8;
+
+  // Whether the ranks may share replicated work (split_linears, plan_shared): several ranks,
+  // DEEPINFER_EP_SPLIT, and batch-invariant GEMMs (DEEPINFER_BATCH_INVARIANT, docs/numerics.md
+  // §10), since the shared GEMMs take every rank's rows at once.
+  bool splits_small_steps() const {
+    return opts.split_replicated && group.size() > 1 && knobs().batch_invariant;
+  }
 
   // Every rank's fp8 rows (codes q and 1×128 scales s, [T, n]) gathered in rank order into
   // split_q / split_s; rows[r] is rank r's count. Returns the total, or 0 (nothing gathered) where
@@ -274,8 +281,7 @@ struct DeepseekModel::Impl {
                      int64_t T, const std::string& what) {
     bool fp8 = true;
     for (const auto& [l, out] : ls) fp8 &= l->fp8();
-    if (!fp8 || !opts.split_replicated || group.size() == 1 || !knobs().batch_invariant)
-      return linears(ls, a, T);
+    if (!fp8 || !splits_small_steps()) return linears(ls, a, T);
     const int64_t in = ls.begin()->first->in, W = group.size(), me = group.rank();
     const fp8_e4m3* q = a.q;
     const float* sc = a.scales;
@@ -517,8 +523,8 @@ struct DeepseekModel::Impl {
       bf16* kvb_ = kv.get(T * row);  // [T, r + dr]
       if (cfg.q_lora_rank > 0) {
         bf16* qa = t0.get(T * cfg.q_lora_rank);
-        split_linears({{&L.q_a, qa}, {&L.kv_a, kvb_}}, xa, T,
-                      "attn.in");  // [T, q_lora], [T, r + dr]
+        // [T, q_lora], [T, r + dr]
+        split_linears({{&L.q_a, qa}, {&L.kv_a, kvb_}}, xa, T, "attn.in");
         rms_norm(qa, L.q_a_norm, T, cfg.q_lora_rank, qa);
         split_linears({{&L.q_b, qb}}, Act{qa}, T, "attn.q_b");
       } else {
@@ -767,20 +773,15 @@ struct DeepseekModel::Impl {
     return_rows(part, rows, T, hid, DType::bf16, gath, out, "mlp");
   }
 
-  // Whether a MoE layer's shared expert may run on one rank for every rank's rows (plan_shared):
-  // as splits_dense, its GEMMs then take every rank's rows at once.
-  bool balances_shared(const LayerWeights& L) const {
-    return opts.split_replicated && group.size() > 1 && L.has_shared && L.shared.gate.fp8() &&
-           L.shared.up.fp8() && L.shared.down.fp8() && knobs().batch_invariant;
-  }
-
   // The rank that runs this MoE layer's shared expert for every rank's rows, or -1 (each rank on
   // its own: shared_expert_rank). Gathers every rank's fp8 rows (q, s) with their routed experts
   // (idx [T, K]); the chosen rank keeps the rows in shared_q / shared_s, every rank the row counts
   // in shared_rows. Every rank joins, with T = 0 too.
   int plan_shared(const LayerWeights& L, int64_t T, const int64_t* idx, const fp8_e4m3* q,
                   const float* s) {
-    if (!balances_shared(L)) return -1;
+    if (!splits_small_steps() || !L.has_shared || !L.shared.gate.fp8() || !L.shared.up.fp8() ||
+        !L.shared.down.fp8())
+      return -1;
     const int64_t hid = cfg.hidden_size, K = cfg.num_experts_per_tok;
     const size_t xb = packed_row_bytes(hid), rb = xb + size_t(K) * sizeof(int32_t);
     uint8_t* send = split_send.get(int64_t(size_t(T) * rb));
