@@ -112,7 +112,6 @@ struct DeepseekModel::Impl {
   Scratch<fp8_e4m3> xq, tq, shared_q, split_q;
   Scratch<float> xs, ts, router_logits, topk_w, margins, shared_s, split_s;
   Scratch<bf16> split_part;
-  std::vector<int64_t> shared_rows;  // rows per rank where one rank runs the shared expert
   Scratch<int64_t> topk_idx, positions;
 
   Impl(std::shared_ptr<const ModelWeights> weights, Group& g, const ModelOptions& o)
@@ -773,15 +772,21 @@ struct DeepseekModel::Impl {
     return_rows(part, rows, T, hid, DType::bf16, gath, out, "mlp");
   }
 
-  // The rank that runs this MoE layer's shared expert for every rank's rows, or -1 (each rank on
-  // its own: shared_expert_rank). Gathers every rank's fp8 rows (q, s) with their routed experts
-  // (idx [T, K]); the chosen rank keeps the rows in shared_q / shared_s, every rank the row counts
-  // in shared_rows. Every rank joins, with T = 0 too.
-  int plan_shared(const LayerWeights& L, int64_t T, const int64_t* idx, const fp8_e4m3* q,
-                  const float* s) {
+  // Where a MoE layer's shared expert runs: rank, or -1 for each rank on its own rows
+  // (shared_expert_rank); else all `total` rows, this rank's starting at row `first`.
+  struct SharedPlan {
+    int rank = -1;
+    int64_t total = 0, first = 0;
+  };
+
+  // Gathers every rank's fp8 rows (q, s) with their routed experts (idx [T, K]) and plans the
+  // shared expert; the chosen rank keeps the rows in shared_q / shared_s. Every rank joins, with
+  // T = 0 too.
+  SharedPlan plan_shared(const LayerWeights& L, int64_t T, const int64_t* idx, const fp8_e4m3* q,
+                         const float* s) {
     if (!splits_small_steps() || !L.has_shared || !L.shared.gate.fp8() || !L.shared.up.fp8() ||
         !L.shared.down.fp8())
-      return -1;
+      return {};
     const int64_t hid = cfg.hidden_size, K = cfg.num_experts_per_tok;
     const size_t xb = packed_row_bytes(hid), rb = xb + size_t(K) * sizeof(int32_t);
     uint8_t* send = split_send.get(int64_t(size_t(T) * rb));
@@ -791,19 +796,23 @@ struct DeepseekModel::Impl {
         const int32_t e = int32_t(idx[t * K + j]);
         std::memcpy(send + size_t(t) * rb + xb + size_t(j) * sizeof(int32_t), &e, sizeof(e));
       }
-    const uint8_t* all = gather_rows(send, T, int64_t(rb), DType::u8, split_recv, shared_rows,
-                                     "moe.shared", kMaxSplitRows);
-    if (all == nullptr) return -1;
-    int64_t total = 0;
-    for (int64_t r : shared_rows) total += r;
-    std::vector<int32_t> ids(size_t(total * K));
-    for (int64_t r = 0; r < total; ++r)
+    std::vector<int64_t> rows;
+    const uint8_t* all =
+        gather_rows(send, T, int64_t(rb), DType::u8, split_recv, rows, "moe.shared", kMaxSplitRows);
+    if (all == nullptr) return {};
+    SharedPlan plan;
+    for (int64_t r = 0; r < group.size(); ++r) {
+      if (r < group.rank()) plan.first += rows[size_t(r)];
+      plan.total += rows[size_t(r)];
+    }
+    std::vector<int32_t> ids(size_t(plan.total * K));
+    for (int64_t r = 0; r < plan.total; ++r)
       std::memcpy(ids.data() + r * K, all + size_t(r) * rb + xb, size_t(K) * sizeof(int32_t));
-    const int chosen = shared_expert_rank(ids, shared_rows, cfg.n_routed_experts, K);
-    if (chosen == group.rank())
-      unpack_rows(all, total, hid, shared_q.get(total * hid),
-                  shared_s.get(total * k::num_blocks(hid)), rb);
-    return chosen;
+    plan.rank = shared_expert_rank(ids, rows, cfg.n_routed_experts, K);
+    if (plan.rank == group.rank())
+      unpack_rows(all, plan.total, hid, shared_q.get(plan.total * hid),
+                  shared_s.get(plan.total * k::num_blocks(hid)), rb);
+    return plan;
   }
 
   // Returns the dense FFN's or the MoE's output [T, hidden] bf16 for the sub-layer input hbuf
@@ -876,14 +885,8 @@ struct DeepseekModel::Impl {
       trace->margins.emplace_back(mg, mg + T);
     }
     // One rank may run the shared expert for every rank's rows (docs/ep.md §14).
-    const int shared_rank = plan_shared(L, T, idx, xq8, xs8);
-    if (trace) trace->shared_rank.push_back(shared_rank);
-    int64_t shared_total = 0, shared_first = 0;
-    if (shared_rank >= 0)
-      for (int64_t q = 0; q < group.size(); ++q) {
-        if (q < group.rank()) shared_first += shared_rows[size_t(q)];
-        shared_total += shared_rows[size_t(q)];
-      }
+    const SharedPlan sp = plan_shared(L, T, idx, xq8, xs8);
+    if (trace) trace->shared_rank.push_back(sp.rank);
     // Dispatch (every rank joins, T may be 0).
     DispatchInput din;
     const int64_t P = k::num_blocks(hid);
@@ -905,9 +908,9 @@ struct DeepseekModel::Impl {
     const int64_t S = dout.x.dim(0);
     std::vector<MlpJob>& jobs = moe_jobs;
     jobs.clear();
-    if (shared_rank < 0 && L.has_shared && T > 0) jobs.push_back({&L.shared, Act{x, xq8, xs8}, T});
-    if (shared_rank == group.rank())
-      jobs.push_back({&L.shared, Act{nullptr, shared_q.v.data(), shared_s.v.data()}, shared_total});
+    if (sp.rank < 0 && L.has_shared && T > 0) jobs.push_back({&L.shared, Act{x, xq8, xs8}, T});
+    if (sp.rank == group.rank())
+      jobs.push_back({&L.shared, Act{nullptr, shared_q.v.data(), shared_s.v.data()}, sp.total});
     int64_t off = 0;
     for (size_t e = 0; e < dout.num_recv_tokens_per_expert_aligned.size(); ++e) {
       const int64_t n = dout.num_recv_tokens_per_expert_aligned[e];
@@ -934,7 +937,7 @@ struct DeepseekModel::Impl {
     // direct lowering, the shared window: no copy there).
     Tensor y_out = ep->combine_input(dout.handle);
     bf16* y = y_out.data<bf16>();
-    bf16* shared = shared_rank >= 0        ? shared_out.get(shared_total * hid)
+    bf16* shared = sp.rank >= 0            ? shared_out.get(sp.total * hid)
                    : L.has_shared && T > 0 ? shared_out.get(T * hid)
                                            : nullptr;
     off = 0;
@@ -950,10 +953,10 @@ struct DeepseekModel::Impl {
       k::KernelTag tag("moe.experts");
       mlp_down(jobs);
     }
-    if (shared_rank >= 0) {
+    if (sp.rank >= 0) {
       k::KernelTag tag("moe.shared.broadcast", k::ScopeKind::collective);
-      group.broadcast(shared, size_t(shared_total * hid), DType::bf16, shared_rank);
-      shared = T > 0 ? shared + shared_first * hid : nullptr;
+      group.broadcast(shared, size_t(sp.total * hid), DType::bf16, sp.rank);
+      shared = T > 0 ? shared + sp.first * hid : nullptr;
     }
     CombineOutput cout_;
     {
